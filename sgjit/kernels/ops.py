@@ -1,0 +1,102 @@
+"""The ops table: every op the model calls, with one signature that the torch reference
+(`reference.py`) and the CUDA kernels share. The model never calls torch math directly for these, so
+a kernel replaces its reference op without the model changing.
+
+Shapes use N = tokens in the step (ragged rows flattened), B = rows, Hq/Hkv = heads, D = head dim.
+The KV pool is paged: a layer's K and V are `[num_pages, page_size, Hkv, D]`; a token's slot is
+`page * page_size + offset`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass(slots=True)
+class LayerKV:
+    """One layer's paged K/V storage. For an fp8 pool, stored = value / scale."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where each row's queries sit in the flat batch and where its keys sit in the pool.
+
+    Row b owns queries `qo_indptr[b]:qo_indptr[b+1]` and attends causally over its first
+    `kv_lens[b]` cached tokens, which include this step's; query i of the row is at absolute
+    position `kv_lens[b] - q_len_b + i`."""
+
+    qo_indptr: torch.Tensor  # int32 [B+1]
+    kv_lens: torch.Tensor  # int32 [B]
+    page_table: torch.Tensor  # int32 [B, max_pages]
+    page_size: int
+    max_q_len: int
+    max_kv_len: int
+    qo_indptr_host: list[int]
+    kv_lens_host: list[int]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.kv_lens_host)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.max_q_len == 1
+
+
+@dataclass(slots=True)
+class SamplingTensors:
+    """Per-row sampling parameters for one step, on the logits' device. temperature 0 = greedy;
+    top_k <= 0 = off; seeds < 0 = not seeded (draw from the sampler's generator)."""
+
+    temperature: torch.Tensor  # float32 [B]
+    top_p: torch.Tensor  # float32 [B]
+    top_k: torch.Tensor  # int32 [B]
+    min_p: torch.Tensor  # float32 [B]
+    seeds: torch.Tensor  # int64 [B]
+    steps: torch.Tensor  # int64 [B] (token index within the request, the Philox offset)
+    all_greedy: bool
+    seeds_host: list[int]
+    steps_host: list[int]
+
+
+RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+# (x, residual, weight, eps) -> (normed, x + residual)
+AddRMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+# (q [N,Hq,D], k [N,Hkv,D], v [N,Hkv,D], positions [N], cos_sin [P, R], kv, slot_mapping [N]) -> rotated q
+RopeStoreKV = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LayerKV, torch.Tensor], torch.Tensor
+]
+# (q [N,Hq,D], kv, meta, softmax scale) -> out [N,Hq,D]
+Attention = Callable[[torch.Tensor, LayerKV, AttentionMetadata, float], torch.Tensor]
+SiluMul = Callable[[torch.Tensor], torch.Tensor]
+Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (logits [B,V] float32, params, generator) -> token ids int64 [B]
+Sample = Callable[[torch.Tensor, SamplingTensors, "torch.Generator | None"], torch.Tensor]
+
+
+@dataclass(slots=True)
+class OpTable:
+    rmsnorm: RMSNorm
+    add_rmsnorm: AddRMSNorm
+    rope_store_kv: RopeStoreKV
+    attention: Attention
+    silu_mul: SiluMul
+    linear: Linear
+    sample: Sample
+
+    def with_overrides(self, **ops: Callable) -> OpTable:
+        unknown = set(ops) - {f.name for f in fields(self)}
+        if unknown:
+            raise KeyError(f"unknown ops {sorted(unknown)}")
+        return replace(self, **ops)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,165 @@
+"""The torch implementation of every op in the ops table: the CPU path, the GPU fallback, and the
+oracle that every kernel test compares against. Written for clarity first; the CPU decode path is
+vectorised over rows because it is also what serves on CPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sgjit.kernels.ops import AttentionMetadata, LayerKV, OpTable, SamplingTensors
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x + residual
+    return rmsnorm(summed, weight, eps), summed
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half (NeoX) RoPE on the first `cos_sin.shape[1]` dims of each head of `x` [N, H, D]."""
+    rot = cos_sin.shape[1]
+    half = rot // 2
+    cs = cos_sin[positions]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:rot]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, xf[..., rot:]], dim=-1)
+    return out.to(x.dtype)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, slot_mapping: torch.Tensor) -> None:
+    k_slots = kv.k.view(-1, *kv.k.shape[2:])
+    v_slots = kv.v.view(-1, *kv.v.shape[2:])
+    if kv.k.dtype == torch.float8_e4m3fn:
+        k = k.float() / kv.k_scale
+        v = v.float() / kv.v_scale
+    k_slots[slot_mapping] = k.to(kv.k.dtype)
+    v_slots[slot_mapping] = v.to(kv.v.dtype)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kv: LayerKV,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    store_kv(apply_rope(k, positions, cos_sin), v, kv, slot_mapping)
+    return apply_rope(q, positions, cos_sin)
+
+
+def _dequant(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    if x.dtype == torch.float8_e4m3fn:
+        return x.to(dtype) * scale
+    return x.to(dtype)
+
+
+def gather_kv(kv: LayerKV, pages: torch.Tensor, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of one or more rows as `[..., Hkv, T, D]` from their page lists (`pages` [..., P])."""
+    ps = kv.k.shape[1]
+    # [..., P, ps, Hkv, D] -> [..., P*ps, Hkv, D] -> [..., Hkv, T, D]
+    k, v = kv.k[pages], kv.v[pages]
+    k = k.reshape(*pages.shape[:-1], pages.shape[-1] * ps, *kv.k.shape[2:])[..., :length, :, :]
+    v = v.reshape(*pages.shape[:-1], pages.shape[-1] * ps, *kv.v.shape[2:])[..., :length, :, :]
+    return (
+        _dequant(k, kv.k_scale, dtype).transpose(-3, -2),
+        _dequant(v, kv.v_scale, dtype).transpose(-3, -2),
+    )
+
+
+def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of ragged query rows over their paged KV (which includes this step's keys)."""
+    ps = meta.page_size
+    if meta.is_decode:
+        # One query a row: pad every row to the longest context and mask.
+        num_pages = -(-meta.max_kv_len // ps)
+        k, v = gather_kv(kv, meta.page_table[:, :num_pages], meta.max_kv_len, q.dtype)
+        key_pos = torch.arange(meta.max_kv_len, device=q.device)
+        mask = (key_pos[None, :] < meta.kv_lens[:, None].to(key_pos.dtype))[:, None, None, :]
+        v = v.masked_fill(~mask[:, :, 0, :, None], 0.0)  # padding slots may hold anything, NaN included
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        return out[:, :, 0, :]
+    out = torch.empty_like(q)
+    for b in range(meta.num_rows):
+        start, end = meta.qo_indptr_host[b], meta.qo_indptr_host[b + 1]
+        q_len, kv_len = end - start, meta.kv_lens_host[b]
+        if q_len == 0:
+            continue
+        k, v = gather_kv(kv, meta.page_table[b, : -(-kv_len // ps)], kv_len, q.dtype)
+        qb = q[start:end].transpose(0, 1)  # [Hq, L, D]
+        if q_len == kv_len:
+            ob = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+            mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos[:, None]
+            ob = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start:end] = ob.transpose(0, 1)
+    return out
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def filter_probs(probs: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """Zero the probabilities that top-k, top-p and min-p exclude (rows are not renormalised)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    top_k = torch.where(st.top_k > 0, st.top_k, probs.shape[-1]).to(rank.dtype)
+    drop = rank >= top_k[:, None]
+    cum_before = sorted_p.cumsum(-1) - sorted_p
+    drop |= cum_before > st.top_p[:, None]
+    drop |= sorted_p < (st.min_p[:, None] * sorted_p[:, :1])
+    drop[:, 0] = False
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+
+
+def _row_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + step) & 0x7FFF_FFFF_FFFF_FFFF)
+    return g
+
+
+def sample(logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-row sampling by the exponential race (argmax of p / Exp(1)), so a seeded row draws the same
+    noise whatever else is in the batch."""
+    greedy = logits.argmax(dim=-1)
+    if st.all_greedy:
+        return greedy
+    temp = st.temperature.clamp_min(1e-6)[:, None]
+    probs = filter_probs(torch.softmax(logits / temp, dim=-1), st)
+    noise = torch.empty_like(probs)
+    for row, (seed, step) in enumerate(zip(st.seeds_host, st.steps_host)):
+        g = _row_generator(seed, step, logits.device) if seed >= 0 else generator
+        noise[row].exponential_(generator=g)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(st.temperature <= 0, greedy, sampled)
+
+
+REFERENCE_OPS = OpTable(
+    rmsnorm=rmsnorm,
+    add_rmsnorm=add_rmsnorm,
+    rope_store_kv=rope_store_kv,
+    attention=attention,
+    silu_mul=silu_mul,
+    linear=linear,
+    sample=sample,
+)

@@ -1,0 +1,56 @@
+"""`RuntimeConfig`: every knob of a runtime, with its default, in one place. The server's flags map
+onto these fields one to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from sgjit.errors import InvalidRequestError
+
+
+@dataclass(slots=True)
+class RuntimeConfig:
+    model: str | None = None  # bundled name, .gguf path or Hugging Face directory; None = smollm2-135m
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str | None = None  # None/"auto" = bf16 on GPU, fp32 on CPU; or "float32" | "bfloat16" | "float16"
+    enable_jit: bool = False
+    page_size: int = 16
+    max_total_tokens: int | None = None  # KV pool size in tokens; None = sized from memory
+    mem_fraction_static: float = 0.85  # GPU: share of device memory for weights + KV pool
+    max_model_len: int | None = None  # None = the model's context, capped by the pool
+    max_running_requests: int = 256
+    max_waiting_requests: int = 4096
+    chunked_prefill_size: int = 2048
+    schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
+    enable_prefix_cache: bool = True
+    kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
+    jit_cache_limit: int = 64
+    cuda_graph_max_bs: int = 256
+    multi_step: int = 8  # decode steps per multi-step graph (JIT on GPU)
+    seed: int | None = None
+    num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise InvalidRequestError(f"runtime option {name}={getattr(self, name)!r} {what}", name)
+
+        need(self.page_size in (1, 2, 4, 8, 16, 32, 64, 128), "page_size", "must be a power of two up to 128")
+        need(0.0 < self.mem_fraction_static < 1.0, "mem_fraction_static", "must be in (0, 1)")
+        need(self.max_running_requests >= 1, "max_running_requests", "must be >= 1")
+        need(self.chunked_prefill_size >= self.page_size, "chunked_prefill_size", "must be >= page_size")
+        need(self.schedule_policy in ("fcfs", "lpm"), "schedule_policy", "must be 'fcfs' or 'lpm'")
+        need(self.kv_cache_dtype in ("auto", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8_e4m3'")
+        need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
+        need(self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
+             "max_total_tokens", "must hold at least two pages")
+        need(self.dtype in (None, "auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
+             "dtype", "must be auto, float32, bfloat16 or float16")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> RuntimeConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidRequestError(f"unknown runtime option(s) {unknown}; known: {sorted(known)}", unknown[0])
+        return cls(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,287 @@
+"""The engine loop: one thread that owns the model, the KV pool, the prefix cache and the scheduler.
+Other threads talk to it only through its inbox (submit, abort, flush, release, queries), so none of
+that state needs a lock."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from sgjit.errors import RequestAbortedError, SgjitError
+from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.model_runner import ModelRunner, StepLogits
+from sgjit.runtime.radix_cache import RadixCache
+from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, Status
+from sgjit.runtime.sampler import Sampler, logprob_entries
+from sgjit.runtime.scheduler import RowChunk, Scheduler
+from sgjit.runtime.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        sampler: Sampler,
+        tokenizer: Tokenizer,
+        eos_token_ids: tuple[int, ...],
+        max_model_len: int,
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.pool: PagedKVPool = scheduler.pool
+        self.cache: RadixCache = scheduler.cache
+        self.counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "requests_total": 0, "steps": 0}
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._by_id: dict[str, Request] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sgjit-engine", daemon=True)
+        self._thread.start()
+
+    # ----- called from any thread -----
+    def submit(self, req: Request) -> None:
+        self._inbox.put(("submit", req))
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid))
+
+    def release(self, handle: PrefixHandle) -> None:
+        self._inbox.put(("release", handle))
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread between steps and return its result."""
+        fut: Future = Future()
+        self._inbox.put(("call", (fn, fut)))
+        return fut.result()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout=10)
+
+    # ----- engine thread -----
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stop.is_set():
+            block = not self.scheduler.has_work()
+            self._drain(block)
+            if self._stop.is_set():
+                break
+            if self.scheduler.has_work():
+                self.step()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, arg: Any) -> None:
+        if kind == "submit":
+            self._by_id[arg.rid] = arg
+            self.scheduler.add(arg)
+            self.counters["requests_total"] += 1
+            self.counters["prompt_tokens_total"] += arg.prompt_len
+        elif kind == "abort":
+            req = self._by_id.get(arg)
+            if req is not None:
+                self._finish(req, {"type": "abort", "message": "aborted"}, error=RequestAbortedError(f"{arg} aborted"))
+        elif kind == "release":
+            self.pool.allocator.decref(arg.pages)
+            arg.pages = []
+        elif kind == "call":
+            fn, fut = arg
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        self._release_admitted()
+        if batch is None:
+            if self.scheduler.waiting and not self.scheduler.running:
+                self._fail_unschedulable()
+            else:
+                time.sleep(0.001)
+            return
+        self.counters["steps"] += 1
+        try:
+            out = self.runner.forward(batch.rows)
+            self._process(batch.rows, out)
+        except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
+            log.exception("forward step failed; failing its %d requests", len(batch.rows))
+            for row in batch.rows:
+                if row.req.status is not Status.FINISHED:
+                    self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
+
+    def _release_admitted(self) -> None:
+        for req in self.scheduler.running:
+            if req.release_on_admit is not None:
+                self.pool.allocator.decref(req.release_on_admit.pages)
+                req.release_on_admit.pages = []
+                req.release_on_admit = None
+
+    def _fail_unschedulable(self) -> None:
+        req = self.scheduler.waiting.popleft()
+        err = SgjitError(f"request {req.rid} needs more KV pages than the pool can ever free")
+        self.scheduler.waiting.appendleft(req)
+        self._finish(req, {"type": "abort", "message": str(err)}, error=err)
+
+    def _process(self, rows: list[RowChunk], out: StepLogits) -> None:
+        for b, (first_row, first_pos, count) in out.prompt_index.items():
+            self._record_input_logprobs(rows[b].req, out.logits[first_row : first_row + count], first_pos)
+        sampled_rows = []
+        for b, row in enumerate(rows):
+            req = row.req
+            req.num_computed = row.end
+            if row.end == len(req.tokens) and row.end - row.start > 1:
+                self.scheduler.cache_computed(req)  # share the prompt with requests arriving now
+            if row.sample:
+                sampled_rows.append(b)
+            elif req.pending == 0 and not req.wants_tokens:
+                self._finish(req, {"type": "length", "length": req.params.max_new_tokens})
+        if not sampled_rows:
+            return
+        reqs = [rows[b].req for b in sampled_rows]
+        logits = out.logits[[out.sample_index[b] for b in sampled_rows]]
+        logits = self.sampler.process_logits(logits, reqs, self.eos_token_ids)
+        tokens = self.sampler.sample(logits, reqs)
+        want_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
+        if want_lp:
+            lps = torch.log_softmax(logits[want_lp], dim=-1)
+            for j, i in enumerate(want_lp):
+                req = reqs[i]
+                entries, tops = logprob_entries(lps[j : j + 1], [tokens[i]], req.top_logprobs_num, self._text_fn(req))
+                req.output_token_logprobs.extend(entries)
+                if tops is not None:
+                    req.output_top_logprobs.extend(tops)
+        now = time.monotonic()
+        for req, tok in zip(reqs, tokens):
+            try:
+                self._append_token(req, tok, now)
+            except Exception as e:  # noqa: BLE001 - e.g. a grammar failure ends only its request
+                log.exception("request %s failed", req.rid)
+                self._finish(req, {"type": "abort", "message": str(e)}, error=e)
+
+    def _text_fn(self, req: Request) -> Callable[[int], str] | None:
+        return (lambda t: self.tokenizer.decode([t])) if req.return_text_in_logprobs else None
+
+    def _record_input_logprobs(self, req: Request, logits: torch.Tensor, first_pos: int) -> None:
+        text = self._text_fn(req)
+        if req.next_input_logprob == 0 and not req.input_token_logprobs:
+            first = req.tokens[0]
+            req.input_token_logprobs.append((None, first, text(first) if text else None))
+            req.input_top_logprobs.append(None)
+        targets = req.tokens[first_pos + 1 : first_pos + 1 + logits.shape[0]]
+        lps = torch.log_softmax(logits[:, : self.sampler.vocab_size], dim=-1)
+        entries, tops = logprob_entries(lps, targets, req.top_logprobs_num, text)
+        req.input_token_logprobs.extend(entries)
+        req.input_top_logprobs.extend(tops if tops is not None else [None] * len(entries))
+        req.next_input_logprob = first_pos + 1 + len(targets)
+
+    def _append_token(self, req: Request, tok: int, now: float) -> None:
+        p = req.params
+        req.tokens.append(tok)
+        self.counters["generation_tokens_total"] += 1
+        if req.first_token_time is None:
+            req.first_token_time = now
+        if req.grammar is not None:
+            req.grammar.accept(tok)
+        old_len = len(req.detokenizer.text)
+        req.detokenizer.push([tok])
+        finish = None
+        if tok in p.stop_token_ids or (tok in self.eos_token_ids and not p.ignore_eos):
+            finish = {"type": "stop", "matched": tok}
+        elif p.stop:
+            text = req.detokenizer.text
+            longest = max(len(s) for s in p.stop)
+            window_start = max(0, old_len - longest + 1)
+            hits = [(text.find(s, window_start), s) for s in p.stop]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                i, s = min(hits)
+                req.stop_trim = len(text) - (i + len(s) if p.no_stop_trim else i)
+                finish = {"type": "stop", "matched": s}
+        if finish is None and req.grammar is not None and req.grammar.is_finished():
+            finish = {"type": "stop", "matched": None}
+        if finish is None and not req.wants_tokens:
+            finish = {"type": "length", "length": p.max_new_tokens}
+        if finish is None and len(req.tokens) >= self.max_model_len:
+            finish = {"type": "length", "length": req.num_output}
+        if finish is not None:
+            self._finish(req, finish)
+        else:
+            self._stream(req)
+
+    def _stream(self, req: Request) -> None:
+        if req.sink is None:
+            return
+        text = req.detokenizer.text
+        hold = max((len(s) for s in req.params.stop), default=1) - 1
+        upto = len(text) - hold
+        if upto > req.released_chars:
+            delta = text[req.released_chars : upto]
+            req.released_chars = upto
+            req.emit(RequestUpdate(req.rid, delta, [req.tokens[-1]]))
+
+    def _finish(self, req: Request, reason: dict, error: Exception | None = None) -> None:
+        if req.status is Status.FINISHED:
+            return
+        req.finish_reason = reason
+        handle = None
+        if req.hold_prefix and error is None:
+            full = (req.num_computed // self.pool.page_size) * self.pool.page_size
+            pages = req.pages[: full // self.pool.page_size]
+            self.pool.allocator.incref(pages)
+            handle = PrefixHandle(req.tokens[:full], pages)
+        if req.release_on_admit is not None:
+            self.pool.allocator.decref(req.release_on_admit.pages)
+            req.release_on_admit.pages = []
+            req.release_on_admit = None
+        self.scheduler.remove(req)
+        req.status = Status.FINISHED
+        self._by_id.pop(req.rid, None)
+        req.detokenizer.flush()
+        text = req.detokenizer.text
+        if req.stop_trim:
+            text = text[: len(text) - req.stop_trim]
+        delta = text[req.released_chars :] if len(text) > req.released_chars else ""
+        req.released_chars = len(text)
+        result = None if error is not None else self.result(req, text)
+        req.emit(RequestUpdate(req.rid, delta, [], finished=True, result=result, error=error, handle=handle))
+
+    def result(self, req: Request, text: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "prompt_tokens": req.prompt_len,
+            "completion_tokens": req.num_output,
+            "cached_tokens": req.cached_tokens,
+            "finish_reason": req.finish_reason,
+            "e2e_latency": time.monotonic() - req.arrival,
+        }
+        if req.return_logprob:
+            meta["input_token_logprobs"] = req.input_token_logprobs
+            meta["output_token_logprobs"] = req.output_token_logprobs
+            meta["input_top_logprobs"] = req.input_top_logprobs
+            meta["output_top_logprobs"] = req.output_top_logprobs
+        return {"text": text, "output_ids": req.output_ids, "meta_info": meta}

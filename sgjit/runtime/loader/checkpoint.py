@@ -1,0 +1,22 @@
+"""`Checkpoint`: what a loader hands to the runtime, whatever the file format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from sgjit.runtime.model.config import ModelConfig
+from sgjit.runtime.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]  # Hugging Face tensor names, Hugging Face layouts
+    tokenizer: Tokenizer
+    path: Path
+    format: str  # "gguf" | "hf"
+    rope_freq_factors: torch.Tensor | None = None
+    generation_defaults: dict = field(default_factory=dict)

@@ -1,0 +1,122 @@
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) in torch. Every op goes through
+the ops table; the weights are fused at load (q|k|v and gate|up) so a layer is four GEMMs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgjit.errors import ModelFormatError
+from sgjit.kernels.ops import LayerKV, OpTable
+from sgjit.runtime.forward_batch import ForwardBatch
+from sgjit.runtime.model.config import ModelConfig
+from sgjit.runtime.model.rope import cos_sin_table
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor  # [q_size + 2 kv_size, hidden]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor
+    ffn_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 intermediate, hidden]
+    down: torch.Tensor
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        ops: OpTable,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_positions: int | None = None,
+        rope_freq_factors: torch.Tensor | None = None,
+    ) -> None:
+        self.config = config
+        self.ops = ops
+        self.device = device
+        self.dtype = dtype
+        self.scale = config.head_dim**-0.5
+        take = _WeightTaker(weights, device, dtype)
+        self.embed = take("model.embed_tokens.weight")
+        self.layers = [self._layer(take, i) for i in range(config.num_layers)]
+        self.final_norm = take("model.norm.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        if "lm_head.weight" in weights and config.tie_word_embeddings:
+            weights.pop("lm_head.weight")
+        take.check_all_used()
+        self.cos_sin = cos_sin_table(
+            config.rope, max_positions or config.max_position_embeddings, device, rope_freq_factors
+        )
+
+    def _layer(self, take: _WeightTaker, i: int) -> LayerWeights:
+        p = f"model.layers.{i}."
+        cfg = self.config
+        q, k, v = (take(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
+        bias = None
+        if cfg.qkv_bias:
+            bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+        return LayerWeights(
+            attn_norm=take(f"{p}input_layernorm.weight"),
+            qkv=torch.cat([q, k, v]).contiguous(),
+            qkv_bias=bias,
+            q_norm=take(f"{p}self_attn.q_norm.weight") if cfg.qk_norm else None,
+            k_norm=take(f"{p}self_attn.k_norm.weight") if cfg.qk_norm else None,
+            o_proj=take(f"{p}self_attn.o_proj.weight"),
+            ffn_norm=take(f"{p}post_attention_layernorm.weight"),
+            gate_up=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]).contiguous(),
+            down=take(f"{p}mlp.down_proj.weight"),
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_layers: list[LayerKV]) -> torch.Tensor:
+        """Logits (float32) `[len(batch.logits_indices), vocab]` for the selected positions."""
+        ops, cfg = self.ops, self.config
+        n = batch.num_tokens
+        eps = cfg.rms_norm_eps
+        hidden = self.embed[batch.input_ids]
+        residual = hidden
+        x = ops.rmsnorm(hidden, self.layers[0].attn_norm, eps)
+        for i, layer in enumerate(self.layers):
+            if i > 0:
+                x, residual = ops.add_rmsnorm(hidden, residual, layer.attn_norm, eps)
+            qkv = ops.linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = q.reshape(n, cfg.num_heads, cfg.head_dim)
+            k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+            if layer.q_norm is not None:
+                q = ops.rmsnorm(q, layer.q_norm, eps)
+                k = ops.rmsnorm(k, layer.k_norm, eps)
+            q = ops.rope_store_kv(q, k, v, batch.positions, self.cos_sin, kv_layers[i], batch.slot_mapping)
+            attn = ops.attention(q, kv_layers[i], batch.attn, self.scale)
+            hidden = ops.linear(attn.reshape(n, cfg.q_size), layer.o_proj, None)
+            x, residual = ops.add_rmsnorm(hidden, residual, layer.ffn_norm, eps)
+            hidden = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up, None)), layer.down, None)
+        x, _ = ops.add_rmsnorm(hidden, residual, self.final_norm, eps)
+        x = x[batch.logits_indices]
+        return ops.linear(x, self.lm_head, None).float()
+
+
+class _WeightTaker:
+    """Pops named tensors, converting them to the compute dtype and device; reports missing names
+    and, at the end, names nothing consumed (a sign of a mismatched checkpoint)."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
+        self.weights, self.device, self.dtype = weights, device, dtype
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if name not in self.weights:
+            raise ModelFormatError(f"weight {name!r} is missing from the checkpoint")
+        return self.weights.pop(name).to(device=self.device, dtype=self.dtype)
+
+    def check_all_used(self) -> None:
+        rest = [n for n in self.weights if not n.endswith("rotary_emb.inv_freq")]
+        if rest:
+            raise ModelFormatError(f"checkpoint has {len(rest)} unexpected tensors, e.g. {rest[:3]}")

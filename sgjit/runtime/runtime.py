@@ -1,0 +1,248 @@
+"""`Runtime`: the in-process backend. Loads a model, starts the engine thread, and offers SGLang's
+`Engine.generate` signature plus `chat`, `stats` and `flush_cache`."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sgjit.errors import ContextLengthError, InvalidRequestError, SgjitError
+from sgjit.kernels.reference import REFERENCE_OPS
+from sgjit.runtime.config import RuntimeConfig
+from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
+from sgjit.runtime.engine import Engine
+from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.loader import load_checkpoint
+from sgjit.runtime.model.llama import LlamaModel
+from sgjit.runtime.model_runner import ModelRunner
+from sgjit.runtime.radix_cache import RadixCache
+from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, new_request_id
+from sgjit.runtime.sampler import Sampler
+from sgjit.runtime.sampling_params import SamplingParams
+from sgjit.runtime.scheduler import Scheduler, SchedulerConfig
+from sgjit.runtime.tokenizer import IncrementalDetokenizer
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """A model served in this process. `Runtime()` loads the bundled SmolLM2-135M-Instruct on the GPU
+    if there is one, else on the CPU."""
+
+    def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: str | None = None, **options: Any):
+        self.config = RuntimeConfig.from_kwargs(model=None if model is None else str(model), device=device, dtype=dtype, **options)
+        cfg = self.config
+        t0 = time.perf_counter()
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cpu" and cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        ckpt = load_checkpoint(cfg.model)
+        self.model_config = ckpt.config
+        self.model_path = ckpt.path
+        self.tokenizer = ckpt.tokenizer
+        mc = ckpt.config
+        weight_bytes = mc.num_params() * torch.empty(0, dtype=self.dtype).element_size()
+        kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else self.dtype
+        per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        tokens = cfg.max_total_tokens or kv_budget_tokens(
+            self.device, per_token, weight_bytes, cfg.mem_fraction_static,
+            activation_reserve=cfg.chunked_prefill_size * mc.vocab_size * 4 + (1 << 30),
+        )
+        num_pages = tokens // cfg.page_size + 1  # + the scratch page
+        if num_pages < 3:
+            raise SgjitError(f"no memory left for the KV cache ({tokens} tokens); lower the model size or raise mem_fraction_static")
+        self.pool = PagedKVPool(mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device)
+        self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, self.pool.capacity_tokens)
+        self.ops = REFERENCE_OPS
+        self.model = LlamaModel(mc, ckpt.weights, self.ops, self.device, self.dtype,
+                                max_positions=max(self.max_model_len, mc.max_position_embeddings),
+                                rope_freq_factors=ckpt.rope_freq_factors)
+        del ckpt
+        cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
+        scheduler = Scheduler(self.pool, cache, SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy))
+        sampler = Sampler(self.ops, self.device, mc.vocab_size, cfg.seed)
+        self.engine = Engine(ModelRunner(self.model, self.pool), scheduler, sampler, self.tokenizer,
+                             mc.eos_token_ids or self.tokenizer.eos_token_ids, self.max_model_len)
+        self.load_seconds = time.perf_counter() - t0
+        log.info("loaded %s on %s (%s) in %.1f s; KV pool %d pages x %d tokens = %d tokens, context %d",
+                 mc.name, self.device, str(self.dtype).removeprefix("torch."), self.load_seconds,
+                 self.pool.allocator.num_usable, cfg.page_size, self.pool.capacity_tokens, self.max_model_len)
+
+    # ----- requests -----
+    def make_request(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any] | SamplingParams | None = None,
+        *,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        hold_prefix: bool = False,
+        release_on_admit: PrefixHandle | None = None,
+    ) -> Request:
+        """Validate and build a request (not yet submitted). Raises `InvalidRequestError` subclasses."""
+        params = SamplingParams.from_dict(sampling_params)
+        ids = self._check_ids(input_ids)
+        if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+            raise InvalidRequestError("top_logprobs_num must be an integer >= 0", "top_logprobs_num")
+        if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
+            raise InvalidRequestError("logprob_start_len must be -1 or a prompt position >= 0", "logprob_start_len")
+        req = Request(
+            rid=new_request_id(),
+            prompt_ids=ids,
+            params=params,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+            return_logprob=bool(return_logprob),
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            hold_prefix=hold_prefix,
+            release_on_admit=release_on_admit,
+        )
+        return req
+
+    def _check_ids(self, input_ids: Any) -> list[int]:
+        if not isinstance(input_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+            raise InvalidRequestError("input_ids must be a list of integer token ids", "input_ids")
+        ids = list(input_ids)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty; give at least one token of text", "prompt")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", "input_ids")
+        if len(ids) >= self.max_model_len:
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens but this runtime's context is {self.max_model_len} tokens "
+                "(and one is needed to generate); shorten the prompt",
+                "prompt",
+            )
+        return ids
+
+    def encode_prompt(self, prompt: Any) -> list[int]:
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
+        return self.tokenizer.encode(prompt)
+
+    def submit(self, req: Request, sink: Any) -> None:
+        req.sink = sink
+        self.engine.submit(req)
+
+    def run_request(self, req: Request) -> RequestUpdate:
+        """Submit and wait for the final update."""
+        done: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
+        self.submit(req, lambda u: done.put(u) if u.finished else None)
+        return done.get()
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        return_text_in_logprobs: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """SGLang's `Engine.generate`: one prompt (or token list) -> one result dict, a list -> a list."""
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("give exactly one of prompt or input_ids", "prompt")
+        batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
+        if batched:
+            items = prompt if prompt is not None else input_ids
+            id_lists = [self.encode_prompt(p) for p in items] if prompt is not None else list(items)
+        else:
+            id_lists = [self.encode_prompt(prompt) if prompt is not None else input_ids]
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(id_lists)
+        if len(params) != len(id_lists):
+            raise InvalidRequestError("sampling_params list must match the number of prompts", "sampling_params")
+        reqs = [
+            self.make_request(ids, sp, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                              top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs)
+            for ids, sp in zip(id_lists, params)
+        ]
+        if stream:
+            if batched:
+                raise InvalidRequestError("stream=True takes one prompt, not a list", "stream")
+            return self._stream(reqs[0])
+        results = self._run_all(reqs)
+        return results if batched else results[0]
+
+    def _run_all(self, reqs: list[Request]) -> list[dict[str, Any]]:
+        done: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
+        for r in reqs:
+            self.submit(r, lambda u: done.put(u) if u.finished else None)
+        by_id = {}
+        for _ in reqs:
+            u = done.get()
+            by_id[u.rid] = u
+        out = []
+        for r in reqs:
+            u = by_id[r.rid]
+            if u.error is not None:
+                raise u.error
+            out.append(u.result)
+        return out
+
+    def _stream(self, req: Request) -> Iterator[dict[str, Any]]:
+        updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
+        self.submit(req, updates.put)
+        try:
+            while True:
+                u = updates.get()
+                if u.error is not None:
+                    raise u.error
+                if u.finished:
+                    yield {"text": u.text, "output_ids": u.token_ids, "meta_info": u.result["meta_info"], "finished": True}
+                    return
+                yield {"text": u.text, "output_ids": u.token_ids, "finished": False}
+        finally:
+            if req.finish_reason is None:
+                self.engine.abort(req.rid)
+
+    def chat(self, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None, **kwargs: Any):
+        """`generate` on the messages rendered with the model's chat template."""
+        ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        return self.generate(input_ids=ids, sampling_params=sampling_params, **kwargs)
+
+    # ----- state -----
+    def stats(self) -> dict[str, Any]:
+        def read() -> dict[str, Any]:
+            s = self.engine.scheduler
+            return {
+                "kv_pages_total": self.pool.allocator.num_usable,
+                "kv_pages_free": self.pool.allocator.num_free,
+                "kv_pages_evictable": self.engine.cache.evictable_pages(),
+                "running": len(s.running),
+                "waiting": len(s.waiting),
+                "prefix_cache_hit_tokens": s.prefix_hit_tokens,
+                "prefix_cache_nodes": self.engine.cache.num_nodes,
+                **self.engine.counters,
+            }
+
+        return self.engine.call(read)
+
+    def flush_cache(self) -> int:
+        """Drop every prefix-cache entry that is neither pinned nor in use; returns pages freed."""
+        return self.engine.call(self.engine.cache.flush)
+
+    def release(self, handle: PrefixHandle) -> None:
+        self.engine.release(handle)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

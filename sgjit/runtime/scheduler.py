@@ -1,0 +1,175 @@
+"""Continuous batching over the paged pool: every step carries one token for each decoding row plus
+prefill chunks (up to `chunked_prefill_size` tokens) of rows still reading their prompt, in one
+forward pass. New requests join at any step; finished ones leave at once. When the pool runs dry,
+the prefix cache is evicted first and then the most recently admitted request is preempted: its
+pages are freed (its computed prefix left in the cache) and it is recomputed later, keeping the
+tokens it already produced."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.radix_cache import RadixCache
+from sgjit.runtime.request import Request, Status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    chunked_prefill_size: int = 2048
+    max_running_requests: int = 256
+    policy: str = "fcfs"  # "fcfs" | "lpm" (longest prefix match first)
+
+
+@dataclass(slots=True)
+class RowChunk:
+    req: Request
+    start: int  # first position computed this step
+    end: int  # one past the last
+    sample: bool  # the row draws its next token after this step
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    rows: list[RowChunk]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.end - r.start for r in self.rows)
+
+
+class Scheduler:
+    def __init__(self, pool: PagedKVPool, cache: RadixCache, config: SchedulerConfig) -> None:
+        self.pool = pool
+        self.alloc = pool.allocator
+        self.cache = cache
+        self.config = config
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.prefix_hit_tokens = 0
+
+    # ----- queue management -----
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out (finished or aborted) and release its pages; its computed full pages
+        stay in the prefix cache for later requests."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.cache_computed(req)
+        self.alloc.decref(req.pages)
+        req.pages = []
+
+    def cache_computed(self, req: Request) -> None:
+        n = req.num_computed
+        self.cache.insert(req.tokens[:n], req.pages[: n // self.pool.page_size])
+
+    # ----- one step -----
+    def schedule(self) -> ScheduledBatch | None:
+        rows: list[RowChunk] = []
+        budget = self.config.chunked_prefill_size
+        for req in list(self.running):
+            if req.status is not Status.RUNNING:
+                continue  # preempted while serving an earlier row of this step
+            n = req.pending if req.pending == 1 else min(req.pending, budget)
+            if n <= 0:
+                continue
+            if not self._reserve(req, req.num_computed + n, may_preempt=True):
+                continue
+            if req.pending > 1:
+                budget -= n
+            rows.append(self._chunk(req, n))
+        rows = [r for r in rows if r.req.status is Status.RUNNING]
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
+            req = self._next_waiting()
+            if not self._admit(req, budget):
+                self.waiting.appendleft(req)
+                break
+            n = min(req.pending, budget)
+            budget -= n
+            rows.append(self._chunk(req, n))
+        return ScheduledBatch(rows) if rows else None
+
+    def _chunk(self, req: Request, n: int) -> RowChunk:
+        start = req.num_computed
+        end = start + n
+        return RowChunk(req, start, end, sample=end == len(req.tokens) and req.wants_tokens)
+
+    def _next_waiting(self) -> Request:
+        if self.config.policy == "lpm" and len(self.waiting) > 1:
+            best = max(self.waiting, key=lambda r: len(self.cache.match(r.tokens, r.max_prefix_match())[1]))
+            self.waiting.remove(best)
+            return best
+        return self.waiting.popleft()
+
+    def _admit(self, req: Request, budget: int) -> bool:
+        nodes, pages = self.cache.match(req.tokens, req.max_prefix_match())
+        self.alloc.incref(pages)  # hold the prefix while we look for room
+        req.pages = list(pages)
+        req.num_computed = len(pages) * self.pool.page_size
+        n = min(req.pending, budget)
+        # Keep one page of headroom per running row so admission does not force a preemption next step.
+        headroom = len(self.running)
+        need = self.pool.pages_for(req.num_computed + n) - len(req.pages)
+        if not self._ensure_free(need + headroom):
+            self.alloc.decref(req.pages)
+            req.pages, req.num_computed = [], 0
+            return False
+        self._grow(req, req.num_computed + n)
+        if req.status is Status.WAITING and req.preemptions == 0:
+            req.cached_tokens = req.num_computed
+            self.prefix_hit_tokens += req.num_computed
+        req.status = Status.RUNNING
+        self.running.append(req)
+        return True
+
+    # ----- memory -----
+    def _ensure_free(self, pages: int) -> bool:
+        short = pages - self.alloc.num_free
+        if short > 0:
+            self.cache.evict(short)
+        return self.alloc.num_free >= pages
+
+    def _grow(self, req: Request, num_tokens: int) -> None:
+        need = self.pool.pages_for(num_tokens) - len(req.pages)
+        if need > 0:
+            new = self.alloc.alloc(need)
+            assert new is not None, "caller ensured free pages"
+            req.pages.extend(new)
+
+    def _reserve(self, req: Request, num_tokens: int, may_preempt: bool) -> bool:
+        """Pages for `req` up to `num_tokens`, evicting cache and then preempting newer requests."""
+        need = self.pool.pages_for(num_tokens) - len(req.pages)
+        while not self._ensure_free(need):
+            victim = self._preemption_victim()
+            if victim is None or not may_preempt:
+                return False
+            self.preempt(victim)
+            if victim is req:
+                return False
+        self._grow(req, num_tokens)
+        return True
+
+    def _preemption_victim(self) -> Request | None:
+        candidates = [r for r in self.running if r.status is Status.RUNNING]
+        return max(candidates, key=lambda r: r.arrival) if candidates else None
+
+    def preempt(self, req: Request) -> None:
+        log.info("preempting %s (%d tokens) to free KV pages", req.rid, len(req.tokens))
+        self.running.remove(req)
+        self.cache_computed(req)
+        self.alloc.decref(req.pages)
+        req.pages, req.num_computed = [], 0
+        req.status = Status.WAITING
+        req.preemptions += 1
+        self.waiting.appendleft(req)

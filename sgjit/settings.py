@@ -1,0 +1,33 @@
+"""Environment settings, all prefixed `SGJIT_`, read in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"SGJIT_{name}", default)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSettings:
+    cache_dir: Path
+    kernels: str  # "auto" | "reference" | "op=variant,op=variant"
+    log_level: str
+    num_threads: int  # CPU intra-op threads; 0 = torch default
+
+    @classmethod
+    def read(cls) -> EnvSettings:
+        return cls(
+            cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
+            kernels=_env("KERNELS", "auto"),
+            log_level=_env("LOG_LEVEL", "WARNING"),
+            num_threads=int(_env("NUM_THREADS", "0")),
+        )
+
+
+def env() -> EnvSettings:
+    """Current settings (re-read each call so tests can monkeypatch the environment)."""
+    return EnvSettings.read()
