@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -71,12 +72,16 @@ RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 AddRMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 # (q [N,Hq,D], k [N,Hkv,D], v [N,Hkv,D], positions [N], cos_sin [P, R], kv, slot_mapping [N]) -> rotated q
 RopeStoreKV = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LayerKV, torch.Tensor], torch.Tensor
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LayerKV, torch.Tensor],
+    torch.Tensor,
 ]
 # (q [N,Hq,D], kv, meta, softmax scale) -> out [N,Hq,D]
 Attention = Callable[[torch.Tensor, LayerKV, AttentionMetadata, float], torch.Tensor]
 SiluMul = Callable[[torch.Tensor], torch.Tensor]
-Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (x, weight as prepare_weight returned it, bias) -> x @ weight.T + bias
+Linear = Callable[[torch.Tensor, Any, "torch.Tensor | None"], torch.Tensor]
+# weight [out, in] -> the form `linear` wants (identity for torch; a packed layout for oneDNN)
+PrepareWeight = Callable[[torch.Tensor], Any]
 # (logits [B,V] float32, params, generator) -> token ids int64 [B]
 Sample = Callable[[torch.Tensor, SamplingTensors, "torch.Generator | None"], torch.Tensor]
 
@@ -89,6 +94,7 @@ class OpTable:
     attention: Attention
     silu_mul: SiluMul
     linear: Linear
+    prepare_weight: PrepareWeight
     sample: Sample
 
     def with_overrides(self, **ops: Callable) -> OpTable:

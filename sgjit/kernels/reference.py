@@ -11,8 +11,10 @@ from sgjit.kernels.ops import AttentionMetadata, LayerKV, OpTable, SamplingTenso
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    """Hugging Face's order of operations: normalise in fp32, round to the input dtype, scale."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
     return weight * normed.to(x.dtype)
 
 
@@ -23,16 +25,18 @@ def add_rmsnorm(
     return rmsnorm(summed, weight, eps), summed
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half (NeoX) RoPE on the first `cos_sin.shape[1]` dims of each head of `x` [N, H, D]."""
+def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half (NeoX) RoPE on the first R dims of each head of `x` [N, H, D]; `cos_sin` [N, R] holds
+    each token's cos (first half) and sin (second half)."""
     rot = cos_sin.shape[1]
     half = rot // 2
-    cs = cos_sin[positions]
-    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:rot]
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, xf[..., rot:]], dim=-1)
-    return out.to(x.dtype)
+    parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if rot < x.shape[-1]:
+        parts.append(xf[..., rot:])
+    return torch.cat(parts, dim=-1).to(x.dtype)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, slot_mapping: torch.Tensor) -> None:
@@ -49,13 +53,12 @@ def rope_store_kv(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    positions: torch.Tensor,
     cos_sin: torch.Tensor,
     kv: LayerKV,
     slot_mapping: torch.Tensor,
 ) -> torch.Tensor:
-    store_kv(apply_rope(k, positions, cos_sin), v, kv, slot_mapping)
-    return apply_rope(q, positions, cos_sin)
+    store_kv(apply_rope(k, cos_sin), v, kv, slot_mapping)
+    return apply_rope(q, cos_sin)
 
 
 def _dequant(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -64,7 +67,9 @@ def _dequant(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def gather_kv(kv: LayerKV, pages: torch.Tensor, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(
+    kv: LayerKV, pages: torch.Tensor, length: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of one or more rows as `[..., Hkv, T, D]` from their page lists (`pages` [..., P])."""
     ps = kv.k.shape[1]
     # [..., P, ps, Hkv, D] -> [..., P*ps, Hkv, D] -> [..., Hkv, T, D]
@@ -118,6 +123,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
+    return weight
+
+
 def filter_probs(probs: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Zero the probabilities that top-k, top-p and min-p exclude (rows are not renormalised)."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -138,7 +147,9 @@ def _row_generator(seed: int, step: int, device: torch.device) -> torch.Generato
     return g
 
 
-def sample(logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, st: SamplingTensors, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per-row sampling by the exponential race (argmax of p / Exp(1)), so a seeded row draws the same
     noise whatever else is in the batch."""
     greedy = logits.argmax(dim=-1)
@@ -161,5 +172,6 @@ REFERENCE_OPS = OpTable(
     attention=attention,
     silu_mul=silu_mul,
     linear=linear,
+    prepare_weight=prepare_weight,
     sample=sample,
 )

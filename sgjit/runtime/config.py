@@ -42,15 +42,23 @@ class RuntimeConfig:
         need(self.schedule_policy in ("fcfs", "lpm"), "schedule_policy", "must be 'fcfs' or 'lpm'")
         need(self.kv_cache_dtype in ("auto", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8_e4m3'")
         need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
-        need(self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
-             "max_total_tokens", "must hold at least two pages")
-        need(self.dtype in (None, "auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
-             "dtype", "must be auto, float32, bfloat16 or float16")
+        need(
+            self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
+            "max_total_tokens",
+            "must hold at least two pages",
+        )
+        need(
+            self.dtype in (None, "auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
+            "dtype",
+            "must be auto, float32, bfloat16 or float16",
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> RuntimeConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise InvalidRequestError(f"unknown runtime option(s) {unknown}; known: {sorted(known)}", unknown[0])
+            raise InvalidRequestError(
+                f"unknown runtime option(s) {unknown}; known: {sorted(known)}", unknown[0]
+            )
         return cls(**kwargs)  # type: ignore[arg-type]

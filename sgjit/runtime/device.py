@@ -24,9 +24,13 @@ def resolve_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError as e:
-        raise InvalidRequestError(f"device {device!r} is not a device name (use auto, cpu, cuda or cuda:N)", "device") from e
+        raise InvalidRequestError(
+            f"device {device!r} is not a device name (use auto, cpu, cuda or cuda:N)", "device"
+        ) from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequestError("device 'cuda' was asked for but torch sees no CUDA GPU; use device='cpu'", "device")
+        raise InvalidRequestError(
+            "device 'cuda' was asked for but torch sees no CUDA GPU; use device='cpu'", "device"
+        )
     if dev.type not in ("cpu", "cuda"):
         raise InvalidRequestError(f"device {device!r} is not supported (cpu or cuda)", "device")
     return dev

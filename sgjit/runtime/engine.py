@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,30 +27,47 @@ from sgjit.runtime.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class EngineParts:
+    runner: ModelRunner
+    scheduler: Scheduler
+    sampler: Sampler
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+
+
 class Engine:
-    def __init__(
-        self,
-        runner: ModelRunner,
-        scheduler: Scheduler,
-        sampler: Sampler,
-        tokenizer: Tokenizer,
-        eos_token_ids: tuple[int, ...],
-        max_model_len: int,
-    ) -> None:
-        self.runner = runner
-        self.scheduler = scheduler
-        self.sampler = sampler
-        self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
-        self.max_model_len = max_model_len
-        self.pool: PagedKVPool = scheduler.pool
-        self.cache: RadixCache = scheduler.cache
-        self.counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "requests_total": 0, "steps": 0}
+    """Starts the engine thread, which first runs `build` (loading the model there) and then loops.
+
+    NOTE: all torch compute, the model load included, happens on this one thread. On CPU, torch's
+    OpenMP pool belongs to the thread that first used it, and a second pool in another thread slows
+    every parallel op of both (measured: 1.6x per decode step on a 2-core machine)."""
+
+    def __init__(self, build: Callable[[], EngineParts]) -> None:
+        self.counters = {
+            "prompt_tokens_total": 0,
+            "generation_tokens_total": 0,
+            "requests_total": 0,
+            "steps": 0,
+        }
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._by_id: dict[str, Request] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="sgjit-engine", daemon=True)
+        self._ready: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(build,), name="sgjit-engine", daemon=True)
         self._thread.start()
+        self._ready.result()  # re-raises a load failure in the caller
+
+    def _attach(self, parts: EngineParts) -> None:
+        self.runner = parts.runner
+        self.scheduler = parts.scheduler
+        self.sampler = parts.sampler
+        self.tokenizer = parts.tokenizer
+        self.eos_token_ids = parts.eos_token_ids
+        self.max_model_len = parts.max_model_len
+        self.pool: PagedKVPool = parts.scheduler.pool
+        self.cache: RadixCache = parts.scheduler.cache
 
     # ----- called from any thread -----
     def submit(self, req: Request) -> None:
@@ -73,8 +91,17 @@ class Engine:
         self._thread.join(timeout=10)
 
     # ----- engine thread -----
-    def _loop(self) -> None:
+    def _run(self, build: Callable[[], EngineParts]) -> None:
         torch.set_grad_enabled(False)
+        try:
+            self._attach(build())
+        except BaseException as e:  # noqa: BLE001 - handed to the constructor's caller
+            self._ready.set_exception(e)
+            return
+        self._ready.set_result(None)
+        self._loop()
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             block = not self.scheduler.has_work()
             self._drain(block)
@@ -104,7 +131,9 @@ class Engine:
         elif kind == "abort":
             req = self._by_id.get(arg)
             if req is not None:
-                self._finish(req, {"type": "abort", "message": "aborted"}, error=RequestAbortedError(f"{arg} aborted"))
+                self._finish(
+                    req, {"type": "abort", "message": "aborted"}, error=RequestAbortedError(f"{arg} aborted")
+                )
         elif kind == "release":
             self.pool.allocator.decref(arg.pages)
             arg.pages = []
@@ -171,7 +200,9 @@ class Engine:
             lps = torch.log_softmax(logits[want_lp], dim=-1)
             for j, i in enumerate(want_lp):
                 req = reqs[i]
-                entries, tops = logprob_entries(lps[j : j + 1], [tokens[i]], req.top_logprobs_num, self._text_fn(req))
+                entries, tops = logprob_entries(
+                    lps[j : j + 1], [tokens[i]], req.top_logprobs_num, self._text_fn(req)
+                )
                 req.output_token_logprobs.extend(entries)
                 if tops is not None:
                     req.output_top_logprobs.extend(tops)

@@ -31,7 +31,9 @@ class ModelRunner:
         self.pool = pool
         self.device = model.device
 
-    def build(self, rows: list[RowChunk]) -> tuple[ForwardBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
+    def build(
+        self, rows: list[RowChunk]
+    ) -> tuple[ForwardBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
         ps = self.pool.page_size
         ids: list[int] = []
         positions: list[int] = []

@@ -89,7 +89,9 @@ class Request:
         self.tokens = list(self.prompt_ids)
         self.prompt_len = len(self.prompt_ids)
         wants_input = self.return_logprob and self.logprob_start_len >= 0
-        self.next_input_logprob = min(self.logprob_start_len, self.prompt_len) if wants_input else self.prompt_len
+        self.next_input_logprob = (
+            min(self.logprob_start_len, self.prompt_len) if wants_input else self.prompt_len
+        )
 
     @property
     def output_ids(self) -> list[int]:

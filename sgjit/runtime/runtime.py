@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from sgjit.errors import ContextLengthError, InvalidRequestError, SgjitError
+from sgjit.kernels.cpu import cpu_ops
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
-from sgjit.runtime.engine import Engine
+from sgjit.runtime.engine import Engine, EngineParts
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import load_checkpoint
 from sgjit.runtime.model.llama import LlamaModel
@@ -35,45 +36,65 @@ class Runtime:
     """A model served in this process. `Runtime()` loads the bundled SmolLM2-135M-Instruct on the GPU
     if there is one, else on the CPU."""
 
-    def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: str | None = None, **options: Any):
-        self.config = RuntimeConfig.from_kwargs(model=None if model is None else str(model), device=device, dtype=dtype, **options)
-        cfg = self.config
+    def __init__(
+        self, model: str | Path | None = None, device: str = "auto", dtype: str | None = None, **options: Any
+    ):
+        self.config = RuntimeConfig.from_kwargs(
+            model=None if model is None else str(model), device=device, dtype=dtype, **options
+        )
         t0 = time.perf_counter()
+        self.engine = Engine(self._build)
+        self.load_seconds = time.perf_counter() - t0
+        mc = self.model_config
+        log.info(
+            "loaded %s on %s (%s) in %.1f s; KV pool %d pages x %d tokens = %d tokens, context %d",
+            mc.name, self.device, str(self.dtype).removeprefix("torch."), self.load_seconds,
+            self.pool.allocator.num_usable, self.config.page_size, self.pool.capacity_tokens, self.max_model_len,
+        )  # fmt: skip
+
+    def _build(self) -> EngineParts:
+        """Load the model and build the engine's parts (runs on the engine thread)."""
+        cfg = self.config
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if self.device.type == "cpu" and cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         ckpt = load_checkpoint(cfg.model)
-        self.model_config = ckpt.config
+        self.model_config = mc = ckpt.config
         self.model_path = ckpt.path
         self.tokenizer = ckpt.tokenizer
-        mc = ckpt.config
         weight_bytes = mc.num_params() * torch.empty(0, dtype=self.dtype).element_size()
         kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else self.dtype
         per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
         tokens = cfg.max_total_tokens or kv_budget_tokens(
             self.device, per_token, weight_bytes, cfg.mem_fraction_static,
             activation_reserve=cfg.chunked_prefill_size * mc.vocab_size * 4 + (1 << 30),
-        )
+        )  # fmt: skip
         num_pages = tokens // cfg.page_size + 1  # + the scratch page
         if num_pages < 3:
-            raise SgjitError(f"no memory left for the KV cache ({tokens} tokens); lower the model size or raise mem_fraction_static")
-        self.pool = PagedKVPool(mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device)
+            raise SgjitError(
+                f"no memory left for the KV cache ({tokens} tokens); use a smaller model or raise mem_fraction_static"
+            )
+        self.pool = PagedKVPool(
+            mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device
+        )
         self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, self.pool.capacity_tokens)
-        self.ops = REFERENCE_OPS
-        self.model = LlamaModel(mc, ckpt.weights, self.ops, self.device, self.dtype,
-                                max_positions=max(self.max_model_len, mc.max_position_embeddings),
-                                rope_freq_factors=ckpt.rope_freq_factors)
-        del ckpt
+        self.ops = cpu_ops(self.dtype) if self.device.type == "cpu" else REFERENCE_OPS
+        self.model = LlamaModel(
+            mc, ckpt.weights, self.ops, self.device, self.dtype,
+            max_positions=max(self.max_model_len, mc.max_position_embeddings),
+            rope_freq_factors=ckpt.rope_freq_factors,
+        )  # fmt: skip
         cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
-        scheduler = Scheduler(self.pool, cache, SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy))
-        sampler = Sampler(self.ops, self.device, mc.vocab_size, cfg.seed)
-        self.engine = Engine(ModelRunner(self.model, self.pool), scheduler, sampler, self.tokenizer,
-                             mc.eos_token_ids or self.tokenizer.eos_token_ids, self.max_model_len)
-        self.load_seconds = time.perf_counter() - t0
-        log.info("loaded %s on %s (%s) in %.1f s; KV pool %d pages x %d tokens = %d tokens, context %d",
-                 mc.name, self.device, str(self.dtype).removeprefix("torch."), self.load_seconds,
-                 self.pool.allocator.num_usable, cfg.page_size, self.pool.capacity_tokens, self.max_model_len)
+        sched_cfg = SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy)
+        return EngineParts(
+            runner=ModelRunner(self.model, self.pool),
+            scheduler=Scheduler(self.pool, cache, sched_cfg),
+            sampler=Sampler(self.ops, self.device, mc.vocab_size, cfg.seed),
+            tokenizer=self.tokenizer,
+            eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids,
+            max_model_len=self.max_model_len,
+        )
 
     # ----- requests -----
     def make_request(
@@ -94,7 +115,9 @@ class Runtime:
         if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
             raise InvalidRequestError("top_logprobs_num must be an integer >= 0", "top_logprobs_num")
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
-            raise InvalidRequestError("logprob_start_len must be -1 or a prompt position >= 0", "logprob_start_len")
+            raise InvalidRequestError(
+                "logprob_start_len must be -1 or a prompt position >= 0", "logprob_start_len"
+            )
         req = Request(
             rid=new_request_id(),
             prompt_ids=ids,
@@ -110,7 +133,9 @@ class Runtime:
         return req
 
     def _check_ids(self, input_ids: Any) -> list[int]:
-        if not isinstance(input_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+        if not isinstance(input_ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+        ):
             raise InvalidRequestError("input_ids must be a list of integer token ids", "input_ids")
         ids = list(input_ids)
         if not ids:
@@ -156,7 +181,9 @@ class Runtime:
         """SGLang's `Engine.generate`: one prompt (or token list) -> one result dict, a list -> a list."""
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids", "prompt")
-        batched = isinstance(prompt, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
+        batched = isinstance(prompt, list) or (
+            isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+        )
         if batched:
             items = prompt if prompt is not None else input_ids
             id_lists = [self.encode_prompt(p) for p in items] if prompt is not None else list(items)
@@ -164,10 +191,18 @@ class Runtime:
             id_lists = [self.encode_prompt(prompt) if prompt is not None else input_ids]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(id_lists)
         if len(params) != len(id_lists):
-            raise InvalidRequestError("sampling_params list must match the number of prompts", "sampling_params")
+            raise InvalidRequestError(
+                "sampling_params list must match the number of prompts", "sampling_params"
+            )
         reqs = [
-            self.make_request(ids, sp, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                              top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs)
+            self.make_request(
+                ids,
+                sp,
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+                return_text_in_logprobs=return_text_in_logprobs,
+            )
             for ids, sp in zip(id_lists, params)
         ]
         if stream:
@@ -202,14 +237,21 @@ class Runtime:
                 if u.error is not None:
                     raise u.error
                 if u.finished:
-                    yield {"text": u.text, "output_ids": u.token_ids, "meta_info": u.result["meta_info"], "finished": True}
+                    yield {
+                        "text": u.text,
+                        "output_ids": u.token_ids,
+                        "meta_info": u.result["meta_info"],
+                        "finished": True,
+                    }
                     return
                 yield {"text": u.text, "output_ids": u.token_ids, "finished": False}
         finally:
             if req.finish_reason is None:
                 self.engine.abort(req.rid)
 
-    def chat(self, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None, **kwargs: Any):
+    def chat(
+        self, messages: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None, **kwargs: Any
+    ):
         """`generate` on the messages rendered with the model's chat template."""
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         return self.generate(input_ids=ids, sampling_params=sampling_params, **kwargs)

@@ -18,7 +18,9 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed if seed is not None else torch.seed() & 0x7FFF_FFFF)
 
-    def process_logits(self, logits: torch.Tensor, reqs: list[Request], eos_ids: tuple[int, ...]) -> torch.Tensor:
+    def process_logits(
+        self, logits: torch.Tensor, reqs: list[Request], eos_ids: tuple[int, ...]
+    ) -> torch.Tensor:
         """Penalties, the min_new_tokens block on stop tokens, and grammar masks (on a copy)."""
         logits = logits[:, : self.vocab_size]
         touched = False
@@ -56,8 +58,11 @@ class Sampler:
         seeds = [r.params.seed if r.params.seed is not None else -1 for r in reqs]
         steps = [r.num_output for r in reqs]
         return SamplingTensors(
-            temperature=torch.tensor([r.params.temperature if not r.params.is_greedy else 0.0 for r in reqs],
-                                     dtype=torch.float32, device=dev),
+            temperature=torch.tensor(
+                [r.params.temperature if not r.params.is_greedy else 0.0 for r in reqs],
+                dtype=torch.float32,
+                device=dev,
+            ),
             top_p=torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
             top_k=torch.tensor([r.params.top_k for r in reqs], dtype=torch.int32, device=dev),
             min_p=torch.tensor([r.params.min_p for r in reqs], dtype=torch.float32, device=dev),

@@ -60,7 +60,9 @@ class SamplingParams:
         if params is None:
             return cls()
         if not isinstance(params, dict):
-            raise InvalidRequestError(f"sampling_params must be a dict, got {type(params).__name__}", "sampling_params")
+            raise InvalidRequestError(
+                f"sampling_params must be a dict, got {type(params).__name__}", "sampling_params"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(params) - known - {"n"})
         if unknown:
@@ -87,7 +89,11 @@ class SamplingParams:
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
         constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
-        _check(len(constraints) <= 1, constraints[-1] if constraints else "regex", f"only one of {constraints} may be set")
+        _check(
+            len(constraints) <= 1,
+            constraints[-1] if constraints else "regex",
+            f"only one of {constraints} may be set",
+        )
         _check(self.choices is None or len(self.choices) > 0, "choices", "must list at least one choice")
 
 
@@ -97,7 +103,11 @@ def _check(ok: bool, param: str, message: str) -> None:
 
 
 def _int(key: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not v.is_integer())
+    ):
         raise InvalidRequestError(f"sampling parameter {key!r} must be an integer, got {v!r}", key)
     return int(v)
 

@@ -74,7 +74,9 @@ def _open(path: Path) -> Any:
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # the gguf package raises ValueError/IndexError/struct.error on damage
-        raise ModelFormatError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); is it truncated?") from e
+        raise ModelFormatError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); is it truncated?"
+        ) from e
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     size = path.stat().st_size
     if end > size:
@@ -184,7 +186,9 @@ def load_gguf(path: Path, name: str = "") -> Checkpoint:
             arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
             arr = arr.reshape(tuple(int(d) for d in reversed(t.shape)))
         except (ValueError, IndexError) as e:
-            raise ModelFormatError(f"tensor {t.name!r} in {path} cannot be read ({e}); is the file truncated?") from e
+            raise ModelFormatError(
+                f"tensor {t.name!r} in {path} cannot be read ({e}); is the file truncated?"
+            ) from e
         if t.name == "rope_freqs.weight":
             freq_factors = torch.from_numpy(arr.copy())
             continue

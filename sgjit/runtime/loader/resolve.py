@@ -48,7 +48,9 @@ def resolve_model(model: str | Path | None) -> ModelSource:
     name = str(model) if model is not None else DEFAULT_MODEL
     key = name.lower()
     if key in BUNDLED_MODELS:
-        return ModelSource(bundled_model_path(key), "gguf", DEFAULT_MODEL if key.startswith("smollm2") else key)
+        return ModelSource(
+            bundled_model_path(key), "gguf", DEFAULT_MODEL if key.startswith("smollm2") else key
+        )
     path = Path(name).expanduser()
     tried = [f"bundled names {sorted(BUNDLED_MODELS)}", f"file or directory {str(path.resolve())!r}"]
     if path.is_file():
@@ -61,6 +63,7 @@ def resolve_model(model: str | Path | None) -> ModelSource:
             return ModelSource(ggufs[0], "gguf", ggufs[0].stem)
         tried.append(f"{path}/config.json (absent) and a single *.gguf in it (found {len(ggufs)})")
     raise ModelNotFoundError(
-        f"no model found for {name!r}; tried: " + "; ".join(tried)
+        f"no model found for {name!r}; tried: "
+        + "; ".join(tried)
         + ". Pass a bundled name, a .gguf file, or a Hugging Face model directory with config.json."
     )

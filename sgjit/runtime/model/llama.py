@@ -4,6 +4,7 @@ the ops table; the weights are fused at load (q|k|v and gate|up) so a layer is f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -17,14 +18,14 @@ from sgjit.runtime.model.rope import cos_sin_table
 @dataclass(slots=True)
 class LayerWeights:
     attn_norm: torch.Tensor
-    qkv: torch.Tensor  # [q_size + 2 kv_size, hidden]
+    qkv: Any  # [q_size + 2 kv_size, hidden], as ops.prepare_weight left it (so are the other GEMM weights)
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: Any
     ffn_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 intermediate, hidden]
-    down: torch.Tensor
+    gate_up: Any  # [2 intermediate, hidden]
+    down: Any
 
 
 class LlamaModel:
@@ -47,7 +48,9 @@ class LlamaModel:
         self.embed = take("model.embed_tokens.weight")
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
         self.final_norm = take("model.norm.weight")
-        self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        self.lm_head = ops.prepare_weight(
+            self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        )
         if "lm_head.weight" in weights and config.tie_word_embeddings:
             weights.pop("lm_head.weight")
         take.check_all_used()
@@ -62,16 +65,17 @@ class LlamaModel:
         bias = None
         if cfg.qkv_bias:
             bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+        prep = self.ops.prepare_weight
         return LayerWeights(
             attn_norm=take(f"{p}input_layernorm.weight"),
-            qkv=torch.cat([q, k, v]).contiguous(),
+            qkv=prep(torch.cat([q, k, v]).contiguous()),
             qkv_bias=bias,
             q_norm=take(f"{p}self_attn.q_norm.weight") if cfg.qk_norm else None,
             k_norm=take(f"{p}self_attn.k_norm.weight") if cfg.qk_norm else None,
-            o_proj=take(f"{p}self_attn.o_proj.weight"),
+            o_proj=prep(take(f"{p}self_attn.o_proj.weight")),
             ffn_norm=take(f"{p}post_attention_layernorm.weight"),
-            gate_up=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]).contiguous(),
-            down=take(f"{p}mlp.down_proj.weight"),
+            gate_up=prep(torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])),
+            down=prep(take(f"{p}mlp.down_proj.weight")),
         )
 
     @torch.inference_mode()
@@ -81,6 +85,7 @@ class LlamaModel:
         n = batch.num_tokens
         eps = cfg.rms_norm_eps
         hidden = self.embed[batch.input_ids]
+        cos_sin = self.cos_sin[batch.positions]  # once per step, shared by every layer
         residual = hidden
         x = ops.rmsnorm(hidden, self.layers[0].attn_norm, eps)
         for i, layer in enumerate(self.layers):
@@ -94,7 +99,7 @@ class LlamaModel:
             if layer.q_norm is not None:
                 q = ops.rmsnorm(q, layer.q_norm, eps)
                 k = ops.rmsnorm(k, layer.k_norm, eps)
-            q = ops.rope_store_kv(q, k, v, batch.positions, self.cos_sin, kv_layers[i], batch.slot_mapping)
+            q = ops.rope_store_kv(q, k, v, cos_sin, kv_layers[i], batch.slot_mapping)
             attn = ops.attention(q, kv_layers[i], batch.attn, self.scale)
             hidden = ops.linear(attn.reshape(n, cfg.q_size), layer.o_proj, None)
             x, residual = ops.add_rmsnorm(hidden, residual, layer.ffn_norm, eps)

@@ -22,7 +22,9 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, *
 
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str | None, eos_token: str | None) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         env.filters["tojson"] = _tojson
@@ -34,7 +36,9 @@ class ChatTemplate:
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
         try:
             return self.template.render(
                 messages=messages,
@@ -46,7 +50,9 @@ class ChatTemplate:
         except InvalidRequestError:
             raise
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as e:
-            raise InvalidRequestError(f"chat template could not render the messages: {e}", param="messages") from e
+            raise InvalidRequestError(
+                f"chat template could not render the messages: {e}", param="messages"
+            ) from e
 
     @staticmethod
     def fallback(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:

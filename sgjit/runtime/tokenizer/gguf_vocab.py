@@ -86,7 +86,9 @@ def tokenizer_from_gguf(
         else:
             pairs = _merges_from_scores(tokens, scores or [0.0] * len(tokens))
         unk = next((t for t, ty in zip(tokens, types) if ty == TOKEN_UNKNOWN), None)
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
+        tok = Tokenizer(
+            models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
+        )
         steps = [normalizers.Replace(" ", "\u2581")]
         if add_space_prefix:
             steps.insert(0, normalizers.Prepend("\u2581"))
@@ -105,7 +107,11 @@ def tokenizer_from_gguf(
         if ty == TOKEN_CONTROL and t
     ]
     tok.add_special_tokens(special)
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == TOKEN_USER_DEFINED]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, types)
+        if ty == TOKEN_USER_DEFINED
+    ]
     if user:
         tok.add_tokens(user)
     return tok

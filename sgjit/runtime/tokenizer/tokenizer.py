@@ -31,7 +31,11 @@ class Tokenizer:
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.add_bos = add_bos
-        self.chat_template = ChatTemplate(chat_template, self.token_text(bos_token_id), self.eos_token_text) if chat_template else None
+        self.chat_template = (
+            ChatTemplate(chat_template, self.token_text(bos_token_id), self.eos_token_text)
+            if chat_template
+            else None
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -69,7 +73,9 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         # The rendered template carries its own BOS where the model wants one.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+        )
 
     @classmethod
     def from_hf_dir(cls, path: Path, config: dict[str, Any], eos_ids: Sequence[int]) -> Tokenizer:
@@ -84,7 +90,9 @@ class Tokenizer:
         if template is None and jinja_file.is_file():
             template = jinja_file.read_text()
         if isinstance(template, list):  # named templates: take the default
-            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+            template = next(
+                (t["template"] for t in template if t.get("name") == "default"), template[0]["template"]
+            )
 
         def token_id(key: str) -> int | None:
             tok = tcfg.get(key)

@@ -1,0 +1,174 @@
+"""`python -m sgjit.bench.generate`: prompt and decode speed of one request on the bundled model (or
+--model), sgjit next to Hugging Face transformers' `generate` on the same prompt, device and dtype,
+in the same run, with the memory-bandwidth roofline of decoding measured at the start.
+
+Method, the same for both: prefill time = wall time of a 1-token generation; decode rate =
+(N - 1) / (time of an N-token generation - time of the 1-token one). Medians over --repeat runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from sgjit.bench.ceilings import measure
+from sgjit.bench.report import environment, markdown_table, write_json
+
+log = logging.getLogger(__name__)
+
+PROMPT = (
+    "You are a meticulous assistant. Summarise the following passage in three sentences.\n\n"
+    "The Industrial Revolution began in Great Britain in the late eighteenth century and spread to "
+    "continental Europe and North America. It marked a shift from hand production to machines, new "
+    "chemical and iron production processes, the increasing use of steam power and water power, the "
+    "development of machine tools and the rise of the mechanised factory system. Output greatly "
+    "increased, and the result was an unprecedented rise in population and in the rate of population growth."
+)
+
+
+def sgjit_runner(rt, ids: list[int]):
+    def gen(n: int):
+        return rt.generate(
+            input_ids=ids, sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+        )
+
+    return gen
+
+
+def transformers_runner(rt, model, ids: list[int]):
+    """transformers' `generate`, run on sgjit's engine thread: on CPU both then share one OpenMP
+    pool, as two pools in two threads slow each other down (see Engine)."""
+    x = torch.tensor([ids], device=model.device)
+    mask = torch.ones_like(x)
+
+    def gen(n: int):
+        with torch.inference_mode():
+            return rt.engine.call(
+                lambda: model.generate(
+                    x, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+                )
+            )
+
+    return gen
+
+
+def timed(fn, n: int, sync) -> float:
+    sync()
+    t = time.perf_counter()
+    fn(n)
+    sync()
+    return time.perf_counter() - t
+
+
+def interleaved(
+    runners: dict[str, Any], new_tokens: int, repeat: int, sync
+) -> dict[str, tuple[float, float]]:
+    """Median 1-token and N-token times of each runner, measured in alternating rounds so that a
+    machine whose speed drifts (shared hosts do) penalises every engine alike."""
+    for fn in runners.values():
+        fn(new_tokens)  # warm-up: first-call costs (primitive creation, allocator) stay out of the figures
+    samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in runners}
+    for _ in range(repeat):
+        for name, fn in runners.items():
+            samples[name][0].append(timed(fn, 1, sync))
+            samples[name][1].append(timed(fn, new_tokens, sync))
+    return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in samples.items()}
+
+
+def load_transformers(rt, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    path = rt.model_path
+    if path.is_file():  # GGUF
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(rt.device).eval()
+
+
+def row(name: str, n_prompt: int, new_tokens: int, t1: float, tn: float, roof: float) -> dict[str, Any]:
+    decode = (new_tokens - 1) / (tn - t1)
+    return {
+        "engine": name,
+        "prompt_tokens": n_prompt,
+        "prefill_ms": t1 * 1000,
+        "prefill_tok_s": n_prompt / t1,
+        "decode_tok_s": decode,
+        "decode_roofline_tok_s": roof,
+        "decode_pct_of_roofline": 100 * decode / roof,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m sgjit.bench.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--dtype", default=None, help="compute dtype for both engines (default fp32 on CPU, bf16 on GPU)"
+    )
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--no-transformers", action="store_true", help="skip the transformers peer")
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    args = p.parse_args(argv)
+
+    from sgjit.runtime.runtime import Runtime
+
+    rt = Runtime(args.model, device=args.device, dtype=args.dtype, enable_prefix_cache=False)
+    ceilings = rt.engine.call(lambda: measure(rt.device))  # on the engine thread: one OpenMP pool
+    weight_bytes = rt.model_config.num_params() * torch.empty(0, dtype=rt.dtype).element_size()
+    roof = ceilings.read_gbps * 1e9 / weight_bytes
+    ids = rt.tokenizer.encode(PROMPT)
+    runners = {"sgjit": sgjit_runner(rt, ids)}
+    if not args.no_transformers:
+        hf = rt.engine.call(lambda: load_transformers(rt, rt.dtype))
+        runners["transformers"] = transformers_runner(rt, hf, ids)
+    sync = torch.cuda.synchronize if rt.device.type == "cuda" else (lambda: None)
+    times = interleaved(runners, args.new_tokens, args.repeat, sync)
+    rt.shutdown()
+    rows = [row(name, len(ids), args.new_tokens, t1, tn, roof) for name, (t1, tn) in times.items()]
+    if len(rows) == 2:
+        rows[0]["decode_vs_transformers"] = rows[0]["decode_tok_s"] / rows[1]["decode_tok_s"]
+        rows[0]["prefill_vs_transformers"] = rows[0]["prefill_tok_s"] / rows[1]["prefill_tok_s"]
+    result = {
+        "benchmark": "generate",
+        "model": rt.model_config.name,
+        "device": str(rt.device),
+        "dtype": str(rt.dtype).removeprefix("torch."),
+        "new_tokens": args.new_tokens,
+        "weight_bytes": weight_bytes,
+        "ceilings": ceilings.as_dict(),
+        "environment": environment(),
+        "rows": rows,
+    }
+    print(
+        f"ceilings: read {ceilings.read_gbps:.1f} GB/s, copy {ceilings.copy_gbps:.1f} GB/s on {ceilings.device}; "
+        f"decode roofline {roof:.1f} tok/s ({weight_bytes / 1e6:.0f} MB of weights per token)"
+    )
+    print(
+        markdown_table(
+            rows,
+            [
+                "engine",
+                "prompt_tokens",
+                "prefill_ms",
+                "prefill_tok_s",
+                "decode_tok_s",
+                "decode_roofline_tok_s",
+                "decode_pct_of_roofline",
+                "decode_vs_transformers",
+                "prefill_vs_transformers",
+            ],
+        )
+    )
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main()

@@ -1,0 +1,67 @@
+"""Shared fixtures. The bundled model is loaded once per session (CPU, fp32); Hugging Face
+transformers is the correctness oracle and is imported only here and in tests."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+warnings.filterwarnings("ignore")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def bundled_gguf():
+    from sgjit.runtime.loader.resolve import bundled_model_path
+
+    return bundled_model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def runtime():
+    """The bundled model on CPU in fp32, shared by the tests that only read from it."""
+    import sgjit
+
+    rt = sgjit.Runtime(device="cpu", max_total_tokens=8192, seed=0)
+    yield rt
+    rt.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_model(bundled_gguf):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(bundled_gguf.parent), gguf_file=bundled_gguf.name, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(bundled_gguf):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(bundled_gguf.parent), gguf_file=bundled_gguf.name)
+
+
+def assert_no_leaked_pages(rt) -> None:
+    """After the engine is idle and the cache flushed, every page is free again."""
+    rt.flush_cache()
+    s = rt.stats()
+    assert s["running"] == 0 and s["waiting"] == 0, s
+    assert s["kv_pages_free"] == s["kv_pages_total"], s
+
+
+GREEDY = {"temperature": 0.0}

@@ -1,0 +1,58 @@
+"""The bundled model matches Hugging Face transformers loading the same GGUF: per-token log-probs of
+the prompt within 2e-3 (fp32) and greedy continuations token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import GREEDY, assert_no_leaked_pages
+
+PROMPTS = [
+    "The history of the Roman Empire spans many centuries, beginning with",
+    "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs\n    pivot = xs[0]\n",
+    "日本の首都は東京です。北京是中国的首都。🌏🚀 Emoji and CJK mixed: 你好世界",
+]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["english", "code", "cjk-emoji"])
+def test_prompt_logprobs_and_greedy_match_transformers(runtime, hf_model, prompt):
+    ids = runtime.tokenizer.encode(prompt)
+    out = runtime.generate(
+        input_ids=ids,
+        sampling_params={**GREEDY, "max_new_tokens": 32, "ignore_eos": True},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    entries = out["meta_info"]["input_token_logprobs"]
+    assert len(entries) == len(ids) and entries[0][0] is None
+    assert [e[1] for e in entries] == ids
+    ours = torch.tensor([e[0] for e in entries[1:]])
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([ids])).logits[0].float()
+    ref = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert (ours - ref).abs().max().item() < 2e-3
+
+    with torch.no_grad():
+        hf_out = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
+    assert out["output_ids"] == hf_out[0, len(ids) :].tolist()
+    assert len(out["output_ids"]) == 32
+
+
+def test_output_logprobs_match_transformers(runtime, hf_model):
+    ids = runtime.tokenizer.encode("Once upon a time")
+    out = runtime.generate(
+        input_ids=ids,
+        sampling_params={**GREEDY, "max_new_tokens": 8, "ignore_eos": True},
+        return_logprob=True,
+        top_logprobs_num=3,
+    )
+    full = ids + out["output_ids"]
+    with torch.no_grad():
+        lp = torch.log_softmax(hf_model(torch.tensor([full])).logits[0].float(), -1)
+    for i, (logprob, tok, text) in enumerate(out["meta_info"]["output_token_logprobs"]):
+        assert text is None
+        assert abs(logprob - lp[len(ids) - 1 + i, tok].item()) < 2e-3
+        top = out["meta_info"]["output_top_logprobs"][i]
+        assert len(top) == 3 and top[0][1] == tok  # greedy picks the top token
+    assert_no_leaked_pages(runtime)
