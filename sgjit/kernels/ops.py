@@ -82,6 +82,8 @@ SiluMul = Callable[[torch.Tensor], torch.Tensor]
 Linear = Callable[[torch.Tensor, Any, "torch.Tensor | None"], torch.Tensor]
 # weight [out, in] -> the form `linear` wants (identity for torch; a packed layout for oneDNN)
 PrepareWeight = Callable[[torch.Tensor], Any]
+# (logits [B,V] float32, bitmask int32 [B, ceil(V/32)]) -> None; bit v of row b clear => logits[b, v] = -inf
+ApplyBitmask = Callable[[torch.Tensor, torch.Tensor], None]
 # (logits [B,V] float32, params, generator) -> token ids int64 [B]
 Sample = Callable[[torch.Tensor, SamplingTensors, "torch.Generator | None"], torch.Tensor]
 
@@ -95,6 +97,7 @@ class OpTable:
     silu_mul: SiluMul
     linear: Linear
     prepare_weight: PrepareWeight
+    apply_bitmask: ApplyBitmask
     sample: Sample
 
     def with_overrides(self, **ops: Callable) -> OpTable:

@@ -127,6 +127,13 @@ def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    bits = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)[:, : logits.shape[1]]
+    logits[:, : allowed.shape[1]].masked_fill_(~allowed, float("-inf"))
+    logits[:, allowed.shape[1] :] = float("-inf")
+
+
 def filter_probs(probs: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Zero the probabilities that top-k, top-p and min-p exclude (rows are not renormalised)."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -173,5 +180,6 @@ REFERENCE_OPS = OpTable(
     silu_mul=silu_mul,
     linear=linear,
     prepare_weight=prepare_weight,
+    apply_bitmask=apply_bitmask,
     sample=sample,
 )

@@ -53,6 +53,8 @@ class Engine:
         }
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._by_id: dict[str, Request] = {}
+        self.unfinished = 0  # submitted and not yet finished (read by any thread for admission control)
+        self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._ready: Future = Future()
         self._thread = threading.Thread(target=self._run, args=(build,), name="sgjit-engine", daemon=True)
@@ -71,6 +73,8 @@ class Engine:
 
     # ----- called from any thread -----
     def submit(self, req: Request) -> None:
+        with self._count_lock:
+            self.unfinished += 1
         self._inbox.put(("submit", req))
 
     def abort(self, rid: str) -> None:
@@ -146,7 +150,6 @@ class Engine:
 
     def step(self) -> None:
         batch = self.scheduler.schedule()
-        self._release_admitted()
         if batch is None:
             if self.scheduler.waiting and not self.scheduler.running:
                 self._fail_unschedulable()
@@ -162,13 +165,6 @@ class Engine:
             for row in batch.rows:
                 if row.req.status is not Status.FINISHED:
                     self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
-
-    def _release_admitted(self) -> None:
-        for req in self.scheduler.running:
-            if req.release_on_admit is not None:
-                self.pool.allocator.decref(req.release_on_admit.pages)
-                req.release_on_admit.pages = []
-                req.release_on_admit = None
 
     def _fail_unschedulable(self) -> None:
         req = self.scheduler.waiting.popleft()
@@ -285,12 +281,11 @@ class Engine:
             pages = req.pages[: full // self.pool.page_size]
             self.pool.allocator.incref(pages)
             handle = PrefixHandle(req.tokens[:full], pages)
-        if req.release_on_admit is not None:
-            self.pool.allocator.decref(req.release_on_admit.pages)
-            req.release_on_admit.pages = []
-            req.release_on_admit = None
+        self.scheduler.release_handle(req)
         self.scheduler.remove(req)
         req.status = Status.FINISHED
+        with self._count_lock:
+            self.unfinished -= 1
         self._by_id.pop(req.rid, None)
         req.detokenizer.flush()
         text = req.detokenizer.text

@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
-from sgjit.errors import ContextLengthError, InvalidRequestError, SgjitError
+from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyError, SgjitError
 from sgjit.kernels.cpu import cpu_ops
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
 from sgjit.runtime.engine import Engine, EngineParts
+from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import load_checkpoint
 from sgjit.runtime.model.llama import LlamaModel
@@ -85,6 +86,9 @@ class Runtime:
             max_positions=max(self.max_model_len, mc.max_position_embeddings),
             rope_freq_factors=ckpt.rope_freq_factors,
         )  # fmt: skip
+        self.grammars = GrammarCompiler(
+            self.tokenizer, mc.vocab_size, mc.eos_token_ids or self.tokenizer.eos_token_ids
+        )
         cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         sched_cfg = SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy)
         return EngineParts(
@@ -130,6 +134,8 @@ class Runtime:
             hold_prefix=hold_prefix,
             release_on_admit=release_on_admit,
         )
+        if params.grammar_key is not None:
+            req.grammar = self.grammars.matcher(*params.grammar_key)
         return req
 
     def _check_ids(self, input_ids: Any) -> list[int]:
@@ -158,8 +164,19 @@ class Runtime:
         return self.tokenizer.encode(prompt)
 
     def submit(self, req: Request, sink: Any) -> None:
+        """Hand a request to the engine; `sink(update)` is then called on the engine thread with every
+        update. Raises `ServerBusyError` when the queue is full."""
+        limit = self.config.max_running_requests + self.config.max_waiting_requests
+        if self.engine.unfinished >= limit:
+            raise ServerBusyError(
+                f"{self.engine.unfinished} requests are queued or running (limit {limit}); retry later"
+            )
         req.sink = sink
         self.engine.submit(req)
+
+    def abort(self, rid: str) -> None:
+        """Stop a request now and free its KV pages; its submitter gets a final update with an error."""
+        self.engine.abort(rid)
 
     def run_request(self, req: Request) -> RequestUpdate:
         """Submit and wait for the final update."""

@@ -21,25 +21,26 @@ class Sampler:
     def process_logits(
         self, logits: torch.Tensor, reqs: list[Request], eos_ids: tuple[int, ...]
     ) -> torch.Tensor:
-        """Penalties, the min_new_tokens block on stop tokens, and grammar masks (on a copy)."""
+        """Penalties, the min_new_tokens block on stop tokens, and grammar masks, in place on this
+        step's logits (a fresh tensor every step)."""
         logits = logits[:, : self.vocab_size]
-        touched = False
         for i, req in enumerate(reqs):
             p = req.params
             if p.has_penalties and req.num_output > 0:
-                if not touched:
-                    logits, touched = logits.clone(), True
                 self._penalize(logits[i], req)
             if req.num_output < p.min_new_tokens:
-                if not touched:
-                    logits, touched = logits.clone(), True
                 block = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_ids))
                 if block:
                     logits[i, block] = float("-inf")
-            if req.grammar is not None:
-                if not touched:
-                    logits, touched = logits.clone(), True
-                req.grammar.mask_logits(logits[i])
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if constrained:
+            mask = torch.empty(len(constrained), reqs[constrained[0]].grammar.words, dtype=torch.int32)
+            for j, i in enumerate(constrained):
+                reqs[i].grammar.fill_bitmask(mask[j])
+            idx = torch.tensor(constrained, device=logits.device)
+            rows = logits[idx]
+            self.ops.apply_bitmask(rows, mask.to(logits.device, non_blocking=True))
+            logits[idx] = rows
         return logits
 
     def _penalize(self, row: torch.Tensor, req: Request) -> None:

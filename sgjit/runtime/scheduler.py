@@ -70,6 +70,12 @@ class Scheduler:
         self.alloc.decref(req.pages)
         req.pages = []
 
+    def release_handle(self, req: Request) -> None:
+        if req.release_on_admit is not None:
+            self.alloc.decref(req.release_on_admit.pages)
+            req.release_on_admit.pages = []
+            req.release_on_admit = None
+
     def cache_computed(self, req: Request) -> None:
         n = req.num_computed
         self.cache.insert(req.tokens[:n], req.pages[: n // self.pool.page_size])
@@ -115,6 +121,7 @@ class Scheduler:
     def _admit(self, req: Request, budget: int) -> bool:
         nodes, pages = self.cache.match(req.tokens, req.max_prefix_match())
         self.alloc.incref(pages)  # hold the prefix while we look for room
+        self.release_handle(req)  # the program's previous step: its pages are matched (or not needed) now
         req.pages = list(pages)
         req.num_computed = len(pages) * self.pool.page_size
         n = min(req.pending, budget)
