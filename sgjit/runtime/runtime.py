@@ -60,7 +60,7 @@ class Runtime:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if self.device.type == "cpu" and cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        ckpt = load_checkpoint(cfg.model)
+        ckpt = load_checkpoint(cfg.model, self.device, self.dtype)
         self.model_config = mc = ckpt.config
         self.model_path = ckpt.path
         self.tokenizer = ckpt.tokenizer

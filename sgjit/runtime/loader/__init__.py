@@ -4,13 +4,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from sgjit.runtime.loader.checkpoint import Checkpoint
 from sgjit.runtime.loader.gguf_loader import load_gguf
 from sgjit.runtime.loader.hf_loader import load_hf_dir
 from sgjit.runtime.loader.resolve import DEFAULT_MODEL, ModelSource, resolve_model
+from sgjit.runtime.model.shapes import RANDOM_PREFIX, random_weights, shape_config
 
 
-def load_checkpoint(model: str | Path | None = None) -> Checkpoint:
+def random_checkpoint(
+    name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Checkpoint:
+    """`random:<shape>[:<layers>]`: a real model shape with random weights and the bundled tokenizer."""
+    shape, _, layers = name.removeprefix(RANDOM_PREFIX).partition(":")
+    config = shape_config(shape, int(layers) if layers else None)
+    bundled = load_gguf(resolve_model(DEFAULT_MODEL).path, DEFAULT_MODEL)
+    config = config.with_eos(bundled.config.eos_token_ids)
+    weights = random_weights(config, device=device, dtype=dtype)
+    return Checkpoint(
+        config=config, weights=weights, tokenizer=bundled.tokenizer, path=bundled.path, format="random"
+    )
+
+
+def load_checkpoint(
+    model: str | Path | None = None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Checkpoint:
+    """Read a model. `device`/`dtype` only matter for `random:` shapes, which are drawn in place."""
+    if isinstance(model, str) and model.startswith(RANDOM_PREFIX):
+        return random_checkpoint(model, device, dtype)
     source = resolve_model(model)
     if source.format == "gguf":
         return load_gguf(source.path, source.name)
