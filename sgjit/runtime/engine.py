@@ -4,10 +4,12 @@ that state needs a lock."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,6 +27,16 @@ from sgjit.runtime.scheduler import RowChunk, Scheduler
 from sgjit.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_engines() -> None:
+    # A daemon engine thread still inside torch when the interpreter tears down aborts the process
+    # ("terminate called without an active exception"); stop them in order first.
+    for engine in list(_live_engines):
+        engine.shutdown()
 
 
 @dataclass(slots=True)
@@ -60,6 +72,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, args=(build,), name="sgjit-engine", daemon=True)
         self._thread.start()
         self._ready.result()  # re-raises a load failure in the caller
+        _live_engines.add(self)
 
     def _attach(self, parts: EngineParts) -> None:
         self.runner = parts.runner
@@ -90,6 +103,7 @@ class Engine:
         return fut.result()
 
     def shutdown(self) -> None:
+        _live_engines.discard(self)
         self._stop.set()
         self._inbox.put(("wake", None))
         self._thread.join(timeout=10)
