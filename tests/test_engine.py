@@ -78,33 +78,27 @@ def test_tiny_pool_preempts_and_loses_nothing(runtime, alone):
 def test_abort_frees_pages_and_spares_the_others(runtime):
     runtime.flush_cache()
     free_before = runtime.stats()["kv_pages_free"]
+    expected = runtime.generate("Hello", {**GREEDY, "max_new_tokens": 8})["text"]
     updates: queue.SimpleQueue = queue.SimpleQueue()
     long_req = runtime.make_request(
         runtime.tokenizer.encode("Count from one to one thousand:"),
         {**GREEDY, "max_new_tokens": 400, "ignore_eos": True},
     )
     runtime.submit(long_req, updates.put)
-    other = threading.Thread(
-        target=lambda: updates.put(("other", runtime.generate("Hello", {**GREEDY, "max_new_tokens": 8})))
+    other: dict = {}
+    worker = threading.Thread(
+        target=lambda: other.update(runtime.generate("Hello", {**GREEDY, "max_new_tokens": 8}))
     )
-    other.start()
-    while True:  # wait until the long request is decoding
-        u = updates.get()
-        if not isinstance(u, tuple) and u.token_ids:
-            break
+    worker.start()
+    while not updates.get().token_ids:  # wait until the long request is decoding
+        pass
     runtime.abort(long_req.rid)
-    final = None
-    while final is None:
-        u = updates.get()
-        if not isinstance(u, tuple) and u.finished:
-            final = u
-    other.join()
+    final = updates.get()
+    while not final.finished:
+        final = updates.get()
+    worker.join()
     assert final.error is not None and long_req.num_output < 400
-    alone_text = runtime.generate("Hello", {**GREEDY, "max_new_tokens": 8})["text"]
-    got = [
-        u for u in iter(lambda: updates.get() if not updates.empty() else None, None) if isinstance(u, tuple)
-    ]
-    assert got and got[0][1]["text"] == alone_text
+    assert other["text"] == expected
     runtime.flush_cache()
     assert runtime.stats()["kv_pages_free"] == free_before
 
