@@ -16,6 +16,7 @@ from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyErro
 from sgjit.kernels.cpu import cpu_ops
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.runtime.config import RuntimeConfig
+from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
 from sgjit.runtime.engine import Engine, EngineParts
 from sgjit.runtime.grammar import GrammarCompiler
@@ -91,8 +92,14 @@ class Runtime:
         )
         cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         sched_cfg = SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy)
+        graphs = None
+        if self.device.type == "cuda" and cfg.enable_jit and not cfg.disable_cuda_graph:
+            graphs = DecodeGraphs(
+                self.model, self.pool, cfg.cuda_graph_max_bs, self.max_model_len, steps=cfg.multi_step,
+                eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids,
+            )  # fmt: skip
         return EngineParts(
-            runner=ModelRunner(self.model, self.pool),
+            runner=ModelRunner(self.model, self.pool, graphs),
             scheduler=Scheduler(self.pool, cache, sched_cfg),
             sampler=Sampler(self.ops, self.device, mc.vocab_size, cfg.seed),
             tokenizer=self.tokenizer,
