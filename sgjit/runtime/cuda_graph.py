@@ -55,8 +55,12 @@ class DecodeGraphs:
         max_context: int,
         steps: int = 1,
         eos_token_ids: tuple[int, ...] = (),
+        capture: bool = True,
     ) -> None:
+        """`capture=False` runs the very same padded, bucketed steps without graphs: the eager
+        reference that graph replay must match bit for bit."""
         self.model = model
+        self.capture = capture
         self.pool = pool
         self.device = model.device
         self.buckets = batch_buckets(max_bs)
@@ -170,6 +174,12 @@ class DecodeGraphs:
             self._graphs[key] = self._capture(bs, ctx, steps)
         return self._graphs[key]
 
+    def _execute(self, bs: int, ctx: int, steps: int) -> None:
+        if self.capture:
+            self.graph(bs, ctx, steps).replay()
+        else:
+            self._decode_steps(self._batch(bs, ctx), bs, ctx, steps)
+
     def warm(self, max_bs: int | None = None, contexts: list[int] | None = None) -> None:
         """Capture ahead of time (largest first, so smaller graphs reuse the pool's memory)."""
         for ctx in contexts or [self.max_context]:
@@ -219,9 +229,10 @@ class DecodeGraphs:
         at `slots[i]` and attends over its first positions[i] + 1 tokens through `page_rows[i]`."""
         bs = self.batch_bucket(len(tokens))
         ctx = self.context_bucket(max(positions) + 1)
-        graph = self.graph(bs, ctx)
+        if self.capture:
+            self.graph(bs, ctx)  # capture before loading: capture parks the buffers
         self._load(bs, ctx, tokens, positions, slots, page_rows)
-        graph.replay()
+        self._execute(bs, ctx, 1)
         return self.logits[: len(tokens)]
 
     def run_multi(
@@ -238,7 +249,8 @@ class DecodeGraphs:
         n = len(tokens)
         bs = self.batch_bucket(n)
         ctx = self.context_bucket(max(positions) + self.steps)
-        graph = self.graph(bs, ctx, self.steps)
+        if self.capture:
+            self.graph(bs, ctx, self.steps)
         self._load(bs, ctx, tokens, positions, slots, page_rows, budgets, stop_on_eos)
-        graph.replay()
+        self._execute(bs, ctx, self.steps)
         return self.out_tokens[:, :n].t().tolist()

@@ -93,10 +93,10 @@ class Runtime:
         cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         sched_cfg = SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy)
         graphs = None
-        if self.device.type == "cuda" and cfg.enable_jit and not cfg.disable_cuda_graph:
+        if self.device.type == "cuda" and cfg.enable_jit:
             graphs = DecodeGraphs(
                 self.model, self.pool, cfg.cuda_graph_max_bs, self.max_model_len, steps=cfg.multi_step,
-                eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids,
+                eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids, capture=not cfg.disable_cuda_graph,
             )  # fmt: skip
         return EngineParts(
             runner=ModelRunner(self.model, self.pool, graphs),
