@@ -20,6 +20,7 @@ import torch
 from sgjit.errors import RequestAbortedError, SgjitError
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model_runner import ModelRunner, StepLogits
+from sgjit.runtime.profiling import nvtx_range
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, Status
 from sgjit.runtime.sampler import Sampler, logprob_entries
@@ -174,8 +175,9 @@ class Engine:
             return
         self.counters["steps"] += 1
         try:
-            out = self.runner.forward(batch.rows)
-            self._process(batch.rows, out)
+            with nvtx_range(f"step rows={len(batch.rows)} tokens={batch.num_tokens}"):
+                out = self.runner.forward(batch.rows)
+                self._process(batch.rows, out)
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             log.exception("forward step failed; failing its %d requests", len(batch.rows))
             for row in batch.rows:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import time
@@ -24,6 +25,7 @@ from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import load_checkpoint
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model_runner import ModelRunner
+from sgjit.runtime.profiling import TraceWindow
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, new_request_id
 from sgjit.runtime.sampler import Sampler
@@ -300,6 +302,30 @@ class Runtime:
     def flush_cache(self) -> int:
         """Drop every prefix-cache entry that is neither pinned nor in use; returns pages freed."""
         return self.engine.call(self.engine.cache.flush)
+
+    def start_profile(self, out_dir: str | Path, name: str | None = None) -> None:
+        """Open a torch.profiler window over the engine's work (one at a time)."""
+        if getattr(self, "_trace", None) is not None:
+            raise InvalidRequestError("a profile is already being recorded; stop it first", "profile")
+        window = TraceWindow(Path(out_dir), name or time.strftime("sgjit-%Y%m%d-%H%M%S"))
+        self.engine.call(window.start)
+        self._trace = window
+
+    def stop_profile(self) -> Path:
+        """Close the window and write its Chrome trace; returns the file."""
+        window, self._trace = getattr(self, "_trace", None), None
+        if window is None:
+            raise InvalidRequestError("no profile is being recorded; start one first", "profile")
+        return self.engine.call(window.stop)
+
+    @contextlib.contextmanager
+    def profile(self, out_dir: str | Path, name: str | None = None) -> Iterator[None]:
+        """`with rt.profile("traces"): ...` records the engine's work inside the block."""
+        self.start_profile(out_dir, name)
+        try:
+            yield
+        finally:
+            self.stop_profile()
 
     def release(self, handle: PrefixHandle) -> None:
         self.engine.release(handle)
