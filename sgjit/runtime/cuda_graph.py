@@ -33,17 +33,34 @@ def batch_buckets(max_bs: int) -> list[int]:
 
 @dataclass(slots=True)
 class _Buffers:
-    """Static inputs for one context bucket, sized for the largest batch bucket."""
+    """Static inputs for one context bucket, sized for the largest batch bucket, with pinned host
+    twins so a step's inputs go over in a few copies."""
 
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    kv_lens: torch.Tensor
+    scalars: torch.Tensor  # int64 [5, max_bs]: token, position, slot, kv length, budget
+    kv_lens: torch.Tensor  # int32 [max_bs] (ops take int32 lengths)
     qo_indptr: torch.Tensor
     page_table: torch.Tensor
     rows: torch.Tensor  # arange, the logits indices
-    budgets: torch.Tensor  # multi-step: tokens each row may still produce
     stop_on_eos: torch.Tensor  # multi-step: bool, the row ends at EOS (not ignore_eos)
+    host_scalars: torch.Tensor
+    host_table: torch.Tensor
+    host_stop: torch.Tensor
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.scalars[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.scalars[1]
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self.scalars[2]
+
+    @property
+    def budgets(self) -> torch.Tensor:
+        return self.scalars[4]
 
 
 class DecodeGraphs:
@@ -96,17 +113,19 @@ class DecodeGraphs:
         if ctx not in self._buffers:
             n, dev = self.max_bs, self.device
             pages = self.pool.pages_for(ctx)
+            pinned = dict(pin_memory=True)
             self._buffers[ctx] = _Buffers(
-                input_ids=torch.zeros(n, dtype=torch.int64, device=dev),
-                positions=torch.zeros(n, dtype=torch.int64, device=dev),
-                slots=torch.full((n,), SCRATCH_PAGE * self.pool.page_size, dtype=torch.int64, device=dev),
+                scalars=torch.zeros(5, n, dtype=torch.int64, device=dev),
                 kv_lens=torch.ones(n, dtype=torch.int32, device=dev),
                 qo_indptr=torch.arange(n + 1, dtype=torch.int32, device=dev),
                 page_table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, device=dev),
                 rows=torch.arange(n, dtype=torch.int64, device=dev),
-                budgets=torch.ones(n, dtype=torch.int64, device=dev),
                 stop_on_eos=torch.ones(n, dtype=torch.bool, device=dev),
+                host_scalars=torch.zeros(5, n, dtype=torch.int64, **pinned),
+                host_table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
+                host_stop=torch.ones(n, dtype=torch.bool, **pinned),
             )
+            self._park(self._buffers[ctx])
         return self._buffers[ctx]
 
     def _batch(self, bs: int, ctx: int) -> ForwardBatch:
@@ -187,40 +206,41 @@ class DecodeGraphs:
                 self.graph(bs, self.context_bucket(ctx))
 
     def _park(self, b: _Buffers) -> None:
-        """Point every row of the buffers at the scratch page (position 0, context 1)."""
-        b.input_ids.zero_()
-        b.positions.zero_()
+        """Point every row of the buffers at the scratch page (position 0, context 1, no budget)."""
+        b.scalars.zero_()
         b.slots.fill_(SCRATCH_PAGE * self.pool.page_size)
         b.kv_lens.fill_(1)
-        b.budgets.zero_()
         b.page_table.fill_(SCRATCH_PAGE)
 
     # ----- replay -----
     def _load(
         self, bs: int, ctx: int, tokens, positions, slots, page_rows, budgets=None, stop_on_eos=None
-    ) -> _Buffers:
+    ) -> None:
+        """Rows into the static buffers through their pinned twins (padding rows read and write the
+        scratch page). NOTE: the host twins are reused by the next step only after this one's results
+        were read back, so the asynchronous copies have finished by then."""
         n = len(tokens)
         b = self._buffers_for(ctx)
-        width = b.page_table.shape[1]
-        scalars = torch.tensor([tokens, positions, slots, [p + 1 for p in positions]], dtype=torch.int64)
-        table = torch.full((bs, width), SCRATCH_PAGE, dtype=torch.int32)
+        h = b.host_scalars.numpy()
+        h[:, n:bs] = 0
+        h[2, n:bs] = SCRATCH_PAGE * self.pool.page_size
+        h[3, n:bs] = 1
+        h[0, :n] = tokens
+        h[1, :n] = positions
+        h[2, :n] = slots
+        h[3, :n] = h[1, :n] + 1
+        h[4, :n] = budgets if budgets is not None else 1
+        table = b.host_table.numpy()
+        table[:bs] = SCRATCH_PAGE
+        width = table.shape[1]
         for i, pages in enumerate(page_rows):
-            table[i, : min(len(pages), width)] = torch.tensor(pages[:width], dtype=torch.int32)
-        b.input_ids[:n].copy_(scalars[0])
-        b.positions[:n].copy_(scalars[1])
-        b.slots[:n].copy_(scalars[2])
-        b.kv_lens[:n].copy_(scalars[3])
-        if budgets is not None:
-            b.budgets[:n].copy_(torch.tensor(budgets, dtype=torch.int64))
-            b.stop_on_eos[:n].copy_(torch.tensor(stop_on_eos, dtype=torch.bool))
-        if bs > n:  # padding rows: token 0 at position 0, KV in the scratch page, no budget
-            b.input_ids[n:bs].zero_()
-            b.positions[n:bs].zero_()
-            b.slots[n:bs].fill_(SCRATCH_PAGE * self.pool.page_size)
-            b.kv_lens[n:bs].fill_(1)
-            b.budgets[n:bs].zero_()
-        b.page_table[:bs].copy_(table)
-        return b
+            table[i, : min(len(pages), width)] = pages[:width]
+        b.scalars[:, :bs].copy_(b.host_scalars[:, :bs], non_blocking=True)
+        b.kv_lens[:bs].copy_(b.scalars[3, :bs])
+        b.page_table[:bs].copy_(b.host_table[:bs], non_blocking=True)
+        if stop_on_eos is not None:
+            b.host_stop.numpy()[:n] = stop_on_eos
+            b.stop_on_eos[:bs].copy_(b.host_stop[:bs], non_blocking=True)
 
     def run(
         self, tokens: list[int], positions: list[int], slots: list[int], page_rows: list[list[int]]
