@@ -121,12 +121,19 @@ def resource_lines(log: str) -> list[str]:
     return lines
 
 
-def check(archs: tuple[str, ...], full: bool, jobs: int, resources: bool, extra: list[str]) -> int:
+def check(
+    archs: tuple[str, ...],
+    full: bool,
+    jobs: int,
+    resources: bool,
+    extra: list[str],
+    families: list[str] | None,
+) -> int:
     nvcc = find_nvcc()
     if nvcc is None:
         print("nvcc not found (set NVCC or CUDA_HOME)", file=sys.stderr)
         return 2
-    units = instantiations(full)
+    units = {f: names for f, names in instantiations(full).items() if not families or f in families}
     for item in extra:
         family, _, name = item.partition(":")
         units.setdefault(family, []).append(name)
@@ -158,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="the whole dtype x head_dim x group x page product")
     ap.add_argument("--resources", action="store_true", help="print registers / spills / smem per kernel")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--families", nargs="+", help="only these families (default all)")
     ap.add_argument("--extra", action="append", default=[], help="family:name_expression to add")
     args = ap.parse_args(argv)
     if not args.check:
         ap.print_help()
         return 2
-    return check(tuple(args.arch), args.full, args.jobs, args.resources, args.extra)
+    return check(tuple(args.arch), args.full, args.jobs, args.resources, args.extra, args.families)
 
 
 if __name__ == "__main__":

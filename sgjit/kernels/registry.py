@@ -69,7 +69,12 @@ class AttnTile:
 
 
 # Decode: one m16 block (a row's G heads), keys spread over the warps. Ordered by preference.
-DECODE_TILES = (AttnTile(1, 1, 4, 64, 3), AttnTile(1, 1, 4, 128, 2), AttnTile(1, 1, 4, 64, 2))
+DECODE_TILES = (
+    AttnTile(1, 1, 4, 64, 3),
+    AttnTile(1, 1, 4, 128, 2),
+    AttnTile(1, 1, 4, 64, 2),
+    AttnTile(1, 1, 2, 32, 2),  # two per SM where an SM has only ~100 KB
+)
 # Prefill / mixed: FA2 style, warps along the query rows.
 PREFILL_TILES = (AttnTile(1, 4, 1, 64, 2), AttnTile(1, 4, 1, 64, 3), AttnTile(1, 8, 1, 64, 2))
 
@@ -143,7 +148,15 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     "linear": (_reference("linear"),),
     "prepare_weight": (_reference("prepare_weight"),),
     "apply_bitmask": (
-        Variant("apply_bitmask", CUDA, "sampling", (7, 0), dtypes=None, kv_dtypes=None),
+        Variant(
+            "apply_bitmask",
+            CUDA,
+            "sampling",
+            (7, 0),
+            dtypes=None,
+            kv_dtypes=None,
+            doc="one pass over the logits, in place",
+        ),
         _reference("apply_bitmask"),
     ),
     "sample": (

@@ -26,7 +26,7 @@ from sgjit.settings import env
 log = logging.getLogger(__name__)
 
 COMPILE_OPTIONS = ("-std=c++17",)
-_modules: dict[tuple[str, tuple[str, ...]], Any] = {}
+_modules: dict[tuple[str, str], Any] = {}
 _streams: dict[int, Any] = {}
 _lock = threading.Lock()
 
@@ -44,21 +44,24 @@ def cupy_module() -> Any:
 
 
 def compile_kernels(family: str, names: Sequence[str]) -> dict[str, Any]:
-    """The kernels `names` (C++ name expressions) of one family, compiled together for the current
-    device. Raises KernelError naming them when NVRTC or the module load fails."""
+    """The kernels `names` (C++ name expressions) of one family, compiled for the current device,
+    one module per instantiation so ops that share one (and later processes, through CuPy's disk
+    cache) reuse it. Raises KernelError naming the instantiation when NVRTC or the load fails."""
     cupy = cupy_module()
-    key = (family, tuple(names))
+    kernels = {}
     with _lock:
-        try:
-            module = _modules.get(key)
-            if module is None:
-                module = cupy.RawModule(
-                    code=family_source(family), options=COMPILE_OPTIONS, name_expressions=list(names)
-                )
-            kernels = {n: module.get_function(n) for n in names}
-        except Exception as e:  # CompileException, CUDADriverError, ...
-            raise KernelError(f"compiling {family}.cu [{', '.join(names)}] failed: {e}") from e
-        _modules[key] = module
+        for name in names:
+            key = (family, name)
+            try:
+                module = _modules.get(key)
+                if module is None:
+                    module = cupy.RawModule(
+                        code=family_source(family), options=COMPILE_OPTIONS, name_expressions=[name]
+                    )
+                kernels[name] = module.get_function(name)
+            except Exception as e:  # CompileException, CUDADriverError, ...
+                raise KernelError(f"compiling {family}.cu [{name}] failed: {e}") from e
+            _modules[key] = module
     return kernels
 
 
