@@ -175,8 +175,26 @@ def _check_attention(op, case, cfg):
     poison(case.q.numel() * 2)
     out = op(case.q, case.kv, case.meta, scale)
     ref = reference.attention(case.q.float(), case.kv, case.meta, scale)
-    err = rel_err(out, ref)
-    assert err < ATTN_TOL[dtype], f"rel err {err:.2e}"
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    if not err < ATTN_TOL[dtype]:  # say where: which rows, which heads, NaN or wrong values
+        qo, lens = case.meta.qo_indptr_host, case.meta.kv_lens_host
+        rows = []
+        for b in range(len(lens)):
+            o, r = out[qo[b] : qo[b + 1]].double(), ref[qo[b] : qo[b + 1]].double()
+            e = ((o - r).norm() / r.norm()).item()
+            if not e < ATTN_TOL[dtype]:
+                per_head = ((o - r).norm(dim=(0, 2)) / r.norm(dim=(0, 2))).tolist()
+                bad_tok = (
+                    ((o - r).norm(dim=(1, 2)) / r.norm(dim=(1, 2)) > ATTN_TOL[dtype]).nonzero().flatten()
+                )
+                rows.append(
+                    f"row {b} q_len {qo[b + 1] - qo[b]} kv {lens[b]}: err {e:.2e} nan {torch.isnan(o).sum().item()} "
+                    f"heads {[round(x, 3) for x in per_head[:8]]} bad tokens {bad_tok[:6].tolist()}"
+                    f" of {len(bad_tok)}"
+                )
+        pytest.fail(
+            f"rel err {err:.2e} (tile {op.decode_tile.name}/{op.prefill_tile.name}):\n" + "\n".join(rows[:8])
+        )
 
 
 def _lens(rng, b, lo, hi):

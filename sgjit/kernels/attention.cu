@@ -23,7 +23,7 @@
 
 using namespace sgjit;
 
-namespace {
+namespace sgjit {
 
 __device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -57,7 +57,7 @@ template <> __device__ __forceinline__ void mma16816<__half>(float* c, const u32
 // swizzled so the 8 rows an ldmatrix reads at one column land in 8 different bank groups.
 template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
 
-}  // namespace
+}  // namespace sgjit
 
 template <typename T, typename KVT, int D, int G, int PAGE, int MW, int WM, int WN, int BN, int STAGES>
 __global__ void __launch_bounds__(32 * WM * WN)

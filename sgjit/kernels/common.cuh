@@ -6,6 +6,11 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+// NVRTC has no <math.h>; nvcc's host headers define INFINITY the same way.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 namespace sgjit {
 
 typedef long long i64;
