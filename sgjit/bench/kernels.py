@@ -64,12 +64,13 @@ def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dic
     tiles = variant("attention", CUDA).tunables
     results = {}
     for tile in tiles["decode_tile"]:
-        for ctx_bound in (64 * tile.bn, 256 * tile.bn, 8192, 1 << 17):  # bounds giving 1, 2.., the heuristic
-            op = PagedAttention(profile, shapes, BF16, tile, tiles["prefill_tile"][0], ctx_bound)
-            splits = op.splits_for_batch(b)
-            key = f"{tile.name}/splits{splits}"
-            if key not in results:
-                results[key] = median_cuda_seconds(lambda op=op: op(case.q, case.kv, case.meta, scale))
+        for splits in (1, 2, 4, 8):
+            op = PagedAttention(
+                profile, shapes, BF16, tile, tiles["prefill_tile"][0], ctx, fixed_splits=splits
+            )
+            results[f"{tile.name}/splits{splits}"] = median_cuda_seconds(
+                lambda op=op: op(case.q, case.kv, case.meta, scale)
+            )
     heuristic = decode_splits(profile, tiles["decode_tile"][0], shapes, b, ctx)
     detail["decode_configs_us"] = {k: v * 1e6 for k, v in results.items()}
     best_key = min(results, key=results.get)

@@ -59,10 +59,12 @@ class PagedAttention:
         decode_tile: AttnTile,
         prefill_tile: AttnTile,
         max_context: int,
+        fixed_splits: int | None = None,
     ) -> None:
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
         self.max_context = max_context
+        self.fixed_splits = fixed_splits  # decode split count set by hand (benchmarks, tests)
         names = [
             attention_name(shapes, decode_tile),
             attention_name(shapes, prefill_tile),
@@ -77,6 +79,8 @@ class PagedAttention:
 
     def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
         """Decode split count for a batch size and a static context bound (a graph bucket's)."""
+        if self.fixed_splits is not None:
+            return self.fixed_splits
         return decode_splits(
             self.profile, self.decode_tile, self.shapes, batch, max_context or self.max_context
         )
