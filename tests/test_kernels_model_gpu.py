@@ -1,9 +1,10 @@
 """The whole model with the CUDA kernels against the same model on the torch reference ops, on
-random weights of real shapes (Llama-3-8B, SmolLM2-135M): one weight set, the ops table swapped,
-each side with its own KV pool. Prefill logits of a ragged batch must agree within bf16 noise;
-then 64 greedy decode steps run on the kernels while the reference is fed the same tokens, and at
-every step the kernels' token must be the reference's argmax unless the reference's own margin
-between the two is inside the measured logit noise of that step (a near-tie, not an error).
+random weights of real shapes (Llama-3-8B, SmolLM2-135M). One weight set; the oracle is the same
+weights run in float32 on the reference ops, and "bf16 noise" is how far the torch bf16 reference
+itself lands from that oracle: the kernels must land no further than twice that, at prefill (a
+ragged batch) and over 64 greedy decode steps. The steps run on the kernels' own tokens, the two
+others teacher-forced on them; the kernels' token must be the oracle's argmax except at near-ties
+that the logit noise explains, and no more often than the torch bf16 reference misses it.
 Skipped without a GPU."""
 
 from __future__ import annotations
@@ -34,15 +35,13 @@ LOGIT_TOL = 3e-2  # ‖Δ‖/‖ref‖ of float32 logits from a bf16 model
 
 
 class Side:
-    """One ops table with its own pool and page lists; runs a ragged step and returns logits."""
+    """One model + ops table with its own pool and page lists; runs a ragged step, returns logits."""
 
     def __init__(self, model: LlamaModel, ops, cfg, max_tokens: int) -> None:
         self.model, self.ops = model, ops
-        pages = len(PROMPT_LENS) * (-(-max_tokens // PAGE)) + 1
-        self.pool = PagedKVPool(
-            cfg.num_layers, pages, PAGE, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, DEV
-        )
         per_row = -(-max_tokens // PAGE)
+        pages = len(PROMPT_LENS) * per_row + 1
+        self.pool = PagedKVPool(cfg.num_layers, pages, PAGE, cfg.num_kv_heads, cfg.head_dim, model.dtype, DEV)
         self.pages = [list(range(1 + r * per_row, 1 + (r + 1) * per_row)) for r in range(len(PROMPT_LENS))]
 
     def step(self, seqs: list[list[int]], starts: list[int], all_positions: bool = False) -> torch.Tensor:
@@ -55,11 +54,10 @@ class Side:
             logits_idx.extend(range(qo[-1], len(ids)) if all_positions else [len(ids) - 1])
             qo.append(len(ids))
         kv_lens = [len(t) for t in seqs]
-        table = torch.tensor([pg for pg in self.pages], dtype=torch.int32, device=DEV)
         meta = AttentionMetadata(
             qo_indptr=torch.tensor(qo, dtype=torch.int32, device=DEV),
             kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=DEV),
-            page_table=table, page_size=PAGE,
+            page_table=torch.tensor(self.pages, dtype=torch.int32, device=DEV), page_size=PAGE,
             max_q_len=max(qo[i + 1] - qo[i] for i in range(len(seqs))), max_kv_len=max(kv_lens),
             qo_indptr_host=qo, kv_lens_host=kv_lens,
         )  # fmt: skip
@@ -92,49 +90,57 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_model_kernels_match_reference(shape):
     cfg = shape_config(shape)
     weights = random_weights(cfg, seed=1, device=DEV, dtype=torch.bfloat16)
+    exact = {k: v.float() for k, v in weights.items()}  # the same weights, computed in float32
     max_tokens = max(PROMPT_LENS) + STEPS + 1
     model = LlamaModel(cfg, weights, REFERENCE_OPS, DEV, torch.bfloat16, max_positions=4096)
+    oracle = LlamaModel(cfg, exact, REFERENCE_OPS, DEV, torch.float32, max_positions=4096)
     workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
     ops, _ = jit_ops(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)  # what Runtime calls
-    assert all(
-        type(getattr(ops, op)).__name__ == "GuardedOp" for op in ("attention", "rope_store_kv", "add_rmsnorm")
-    )
-    jit, ref = Side(model, ops, cfg, max_tokens), Side(model, REFERENCE_OPS, cfg, max_tokens)
+    kernel_ops = ("attention", "rope_store_kv", "add_rmsnorm", "silu_mul", "sample")
+    assert all(type(getattr(ops, op)).__name__ == "GuardedOp" for op in kernel_ops)
+    jit = Side(model, ops, cfg, max_tokens)
+    ref = Side(model, REFERENCE_OPS, cfg, max_tokens)
+    f32 = Side(oracle, REFERENCE_OPS, cfg, max_tokens)
 
     g = torch.Generator(device="cpu").manual_seed(7)
     seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENS]
-    lj = jit.step(seqs, [0] * len(seqs), all_positions=True)
-    lr = ref.step(seqs, [0] * len(seqs), all_positions=True)
-    prefill_err = _rel(lj, lr)
-    assert prefill_err < LOGIT_TOL, f"prefill logits rel err {prefill_err:.3e}"
+    starts = [0] * len(seqs)
+    lj, lr, lo = (side.step(seqs, starts, all_positions=True) for side in (jit, ref, f32))
+    pre_j, pre_r = _rel(lj, lo), _rel(lr, lo)
+    assert pre_j < 2 * pre_r + 1e-3, f"prefill: kernels {pre_j:.2e} vs bf16 reference {pre_r:.2e} from fp32"
     last = torch.tensor([sum(PROMPT_LENS[: i + 1]) - 1 for i in range(len(seqs))], device=DEV)
     tokens = ops.sample(lj[last].contiguous(), _greedy(len(seqs)), None).tolist()
 
-    exact, near_ties, worst = 0, 0, 0.0
+    err_j, err_r, miss_j, miss_r, ties = [], [], 0, 0, []
     for _ in range(STEPS):
         starts = [len(s) for s in seqs]
         for s, t in zip(seqs, tokens):
             s.append(t)
-        lj, lr = jit.step(seqs, starts), ref.step(seqs, starts)
-        err = _rel(lj, lr)
-        worst = max(worst, err)
-        assert err < LOGIT_TOL, f"decode logits rel err {err:.3e}"
+        lj, lr, lo = (side.step(seqs, starts) for side in (jit, ref, f32))
+        err_j.append(_rel(lj, lo))
+        err_r.append(_rel(lr, lo))
         tokens = ops.sample(lj.contiguous(), _greedy(len(seqs)), None).tolist()
-        ref_top = lr.argmax(-1)
-        noise = (lj - lr).pow(2).mean(-1).sqrt()
+        best = lo.argmax(-1)
+        miss_r += int((lr.argmax(-1) != best).sum())
+        noise = (lj - lo).pow(2).mean(-1).sqrt()
         for b, t in enumerate(tokens):
-            if t == ref_top[b].item():
-                exact += 1
-                continue
-            margin = (lr[b, ref_top[b]] - lr[b, t]).item()
-            assert margin < 3 * noise[b].item(), (
-                f"token {t} vs reference {ref_top[b].item()}: margin {margin:.3f}"
-            )
-            near_ties += 1
+            if t != best[b].item():
+                miss_j += 1
+                margin = (lo[b, best[b]] - lo[b, t]).item()
+                ties.append(round(margin, 4))
+                assert margin < 6 * noise[b].item(), (
+                    f"token {t} vs oracle {best[b].item()}: margin {margin:.3f}"
+                )
     total = STEPS * len(seqs)
-    print(f"\n{shape}: prefill logits rel err {prefill_err:.2e}, decode worst {worst:.2e}; "
-          f"greedy tokens equal to the reference argmax {exact}/{total}, near-ties {near_ties}")  # fmt: skip
-    assert exact >= 0.9 * total
+    mean_j, mean_r = sum(err_j) / STEPS, sum(err_r) / STEPS
+    print(
+        f"\n{shape}: logits rel err vs fp32 — prefill kernels {pre_j:.2e} / bf16 reference {pre_r:.2e}; "
+        f"decode mean {mean_j:.2e} / {mean_r:.2e}, max {max(err_j):.2e} / {max(err_r):.2e}; "
+        f"greedy tokens equal to the fp32 argmax: kernels {total - miss_j}/{total}, bf16 reference "
+        f"{total - miss_r}/{total}; kernels' near-tie margins {ties}"
+    )
+    assert mean_j < 2 * mean_r + 1e-3
+    assert miss_j <= miss_r + max(2, total // 32)
 
 
 def test_runtime_enable_jit_serves_on_kernels():

@@ -23,7 +23,7 @@ from sgjit.compiler.arch import DeviceProfile, arch_hash, device_profile
 from sgjit.compiler.select import AutotuneStore, KernelSelector, ModelShapes, Workload, decode_splits
 from sgjit.kernels import reference
 from sgjit.kernels.ops import LayerKV, SamplingTensors
-from sgjit.kernels.registry import CUDA, variant
+from sgjit.kernels.registry import CUDA, AttnTile, variant
 from sgjit.kernels.synthetic import paged_attention_case
 from sgjit.kernels.tune import attention_timer, median_cuda_seconds
 
@@ -64,13 +64,29 @@ def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dic
     tiles = variant("attention", CUDA).tunables
     results = {}
     for tile in tiles["decode_tile"]:
-        for splits in (1, 2, 4, 8):
+        for splits in (1, 2, 4):
             op = PagedAttention(
                 profile, shapes, BF16, tile, tiles["prefill_tile"][0], ctx, fixed_splits=splits
             )
             results[f"{tile.name}/splits{splits}"] = median_cuda_seconds(
                 lambda op=op: op(case.q, case.kv, case.meta, scale)
             )
+    top = min(results, key=results.get)
+    top_tile, top_splits = AttnTile.parse(top.split("/")[0]), int(top.split("splits")[1])
+    for prefetch in (128, 256):  # the L2 prefetch hint on the K/V copies, on the fastest config
+        op = PagedAttention(
+            profile,
+            shapes,
+            BF16,
+            top_tile,
+            tiles["prefill_tile"][0],
+            ctx,
+            fixed_splits=top_splits,
+            kv_prefetch=prefetch,
+        )
+        results[f"{top}/prefetch{prefetch}"] = median_cuda_seconds(
+            lambda op=op: op(case.q, case.kv, case.meta, scale)
+        )
     heuristic = decode_splits(profile, tiles["decode_tile"][0], shapes, b, ctx)
     detail["decode_configs_us"] = {k: v * 1e6 for k, v in results.items()}
     best_key = min(results, key=results.get)
@@ -100,19 +116,15 @@ def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dic
     fp8 = paged_attention_case(
         [1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, torch.float8_e4m3fn, DEV, kv_scale=0.5
     )
-    op8 = PagedAttention(
-        profile, _shapes("fp8_e4m3"), BF16, tiles["decode_tile"][0], tiles["prefill_tile"][0], ctx
-    )
-    t8 = median_cuda_seconds(lambda: op8(fp8.q, fp8.kv, fp8.meta, scale))
-    rows.append(
-        _membound(
-            _row("decode attention fp8 KV", "same, fp8 e4m3 pool", t8, torch_best),
-            kv_bytes // 2,
-            t8,
-            ceil,
-            90,
-        )
-    )
+    fp8_times = {}
+    for tile in tiles["decode_tile"]:
+        op8 = PagedAttention(profile, _shapes("fp8_e4m3"), BF16, tile, tiles["prefill_tile"][0], ctx)
+        fp8_times[tile.name] = median_cuda_seconds(lambda op8=op8: op8(fp8.q, fp8.kv, fp8.meta, scale))
+    detail["decode_fp8_us"] = {k: v * 1e6 for k, v in fp8_times.items()}
+    name8 = min(fp8_times, key=fp8_times.get)
+    t8 = fp8_times[name8]
+    r8 = _row(f"decode attention fp8 KV (best: {name8})", "same, fp8 e4m3 pool", t8, torch_best)
+    rows.append(_membound(r8, kv_bytes // 2, t8, ceil, 90))
 
 
 def bench_prefill(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
@@ -208,20 +220,25 @@ def bench_sampling(profile: DeviceProfile, rows: list) -> None:
     s = Sampling(profile.sm_count)
     b, vocab = 64, 128256
     logits = torch.randn(b, vocab, device=DEV) * 3
+    st = _sampling_params(b, top_p=0.9, top_k=50)
+    cases = {
+        "top-k 50, top-p 0.9, T 0.8": st,
+        "top-p 0.95": _sampling_params(b, top_p=0.95, top_k=0),
+        "top-k 40": _sampling_params(b, top_p=1.0, top_k=40),
+        "greedy": _sampling_params(b, greedy=True),
+    }
+    for label, params in cases.items():
+        ours = median_cuda_seconds(lambda params=params: s.sample(logits, params))
+        ref = median_cuda_seconds(lambda params=params: reference.sample(logits, params), reps=5)
+        rows.append(_row(f"sample ({label}, seeded)", f"B={b} V={vocab}", ours, ref))
+
+
+def _sampling_params(b: int, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> SamplingTensors:
     f = lambda x: torch.full((b,), x, device=DEV)  # noqa: E731
-    st = SamplingTensors(
-        f(0.8), f(0.9), torch.full((b,), 50, dtype=torch.int32, device=DEV), f(0.0),
-        torch.arange(b, device=DEV), torch.zeros(b, dtype=torch.int64, device=DEV), False, list(range(b)), [0] * b,
+    return SamplingTensors(
+        f(0.0 if greedy else 0.8), f(top_p), torch.full((b,), top_k, dtype=torch.int32, device=DEV), f(0.0),
+        torch.arange(b, device=DEV), torch.zeros(b, dtype=torch.int64, device=DEV), greedy, list(range(b)), [0] * b,
     )  # fmt: skip
-    ours = median_cuda_seconds(lambda: s.sample(logits, st))
-    ref = median_cuda_seconds(lambda: reference.sample(logits, st), reps=5)
-    rows.append(_row("sample (top-k 50, top-p 0.9, T 0.8, seeded)", f"B={b} V={vocab}", ours, ref))
-    greedy = SamplingTensors(
-        f(0.0), f(1.0), st.top_k * 0, f(0.0), st.seeds, st.steps, True, st.seeds_host, st.steps_host
-    )
-    ours = median_cuda_seconds(lambda: s.sample(logits, greedy))
-    ref = median_cuda_seconds(lambda: reference.sample(logits, greedy))
-    rows.append(_row("sample (greedy)", f"B={b} V={vocab}", ours, ref))
 
 
 def kernel_resources() -> dict[str, Any]:
@@ -229,9 +246,12 @@ def kernel_resources() -> dict[str, Any]:
     from sgjit.kernels.cuda.module import _modules
 
     out = {}
-    for (family, name), module in _modules.items():
+    for (family, name, defines), module in _modules.items():
         k = module.get_function(name)
-        out[f"{family}:{name}"] = {"regs": k.num_regs, "local_bytes": k.local_size_bytes}
+        out[f"{family}:{name}{list(defines) if defines else ''}"] = {
+            "regs": k.num_regs,
+            "local_bytes": k.local_size_bytes,
+        }
     return out
 
 

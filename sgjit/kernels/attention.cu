@@ -16,7 +16,9 @@
 // raw and widened to T in shared memory before the mma (its scales are folded into the softmax
 // scale and the output).
 //
-// The grid is (work items, kv heads, splits). Decode launches use a static grid — one item per
+// The grid is (kv heads, work items, splits): heads vary fastest, so the CTAs of one row's kv
+// heads run together and stream adjacent 256-byte pieces of the same token rows (the pool is
+// [page, slot, kv head, D]) instead of strided ones. Decode launches use a static grid — one item per
 // row (times the m tiles of a group) and a split count fixed by the caller — and read each row's
 // real length from kv_lens on the device, so a CUDA graph captured once replays for any lengths.
 #include "common.cuh"
@@ -57,6 +59,21 @@ template <> __device__ __forceinline__ void mma16816<__half>(float* c, const u32
 // swizzled so the 8 rows an ldmatrix reads at one column land in 8 different bank groups.
 template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
 
+// K/V copies, optionally asking L2 to fetch the whole 128/256-byte block on the first miss (a
+// compile-time choice: -DSGJIT_KV_L2_PREFETCH=128|256).
+#ifndef SGJIT_KV_L2_PREFETCH
+#define SGJIT_KV_L2_PREFETCH 0
+#endif
+__device__ __forceinline__ void cp_async16_kv(u32 dst, const void* src, int src_bytes) {
+#if SGJIT_KV_L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#elif SGJIT_KV_L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#else
+  cp_async16(dst, src, src_bytes);
+#endif
+}
+
 }  // namespace sgjit
 
 template <typename T, typename KVT, int D, int G, int PAGE, int MW, int WM, int WN, int BN, int STAGES>
@@ -64,8 +81,9 @@ __global__ void __launch_bounds__(32 * WM * WN)
     attention_kernel(const T* __restrict__ q, i64 q_stride, const KVT* __restrict__ k_cache,
                      const KVT* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
                      const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
-                     const int* __restrict__ work, int m_tiles, T* __restrict__ out, float* __restrict__ part_o,
-                     float* __restrict__ part_lse, int num_tokens, int hkv, float scale_log2, float v_scale) {
+                     const int* __restrict__ work, int item_base, int m_tiles, T* __restrict__ out,
+                     float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
+                     float scale_log2, float v_scale) {
   constexpr int NT = 32 * WM * WN;
   constexpr int BM = 16 * MW * WM;
   constexpr int BNW = BN / WN;
@@ -88,15 +106,16 @@ __global__ void __launch_bounds__(32 * WM * WN)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / WN, wn = warp % WN;
+  const int item = item_base + blockIdx.y;
   int row, mt;
   if (work != nullptr) {
-    row = work[2 * blockIdx.x];
-    mt = work[2 * blockIdx.x + 1];
+    row = work[2 * item];
+    mt = work[2 * item + 1];
   } else {
-    row = blockIdx.x / m_tiles;
-    mt = blockIdx.x % m_tiles;
+    row = item / m_tiles;
+    mt = item % m_tiles;
   }
-  const int h = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
+  const int h = blockIdx.x, split = blockIdx.z, num_splits = gridDim.z;
   const int hq = hkv * G;
   const int qo_start = qo_indptr[row];
   const int q_len = qo_indptr[row + 1] - qo_start;
@@ -151,8 +170,8 @@ __global__ void __launch_bounds__(32 * WM * WN)
       } else {
         dst = swz<D>(tok, my_part) * 2;
       }
-      cp_async16(smem_addr(sk + dst), k_cache + off, ok ? 16 : 0);
-      cp_async16(smem_addr(sv + dst), v_cache + off, ok ? 16 : 0);
+      cp_async16_kv(smem_addr(sk + dst), k_cache + off, ok ? 16 : 0);
+      cp_async16_kv(smem_addr(sv + dst), v_cache + off, ok ? 16 : 0);
     }
   };
 

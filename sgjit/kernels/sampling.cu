@@ -31,6 +31,7 @@ namespace {
 
 constexpr int SAMPLE_THREADS = 512;
 constexpr int NWARPS = SAMPLE_THREADS / 32;
+constexpr float TOP_P_PROBE_FLOOR = 1.0f / 65536.0f;  // e_i relative to the top token
 
 // Philox4x32-10 (Salmon et al. 2011), the counter-based generator curand and torch use.
 __device__ __forceinline__ u32 philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
@@ -97,9 +98,12 @@ struct Hist {
 
 // Radix select of the threshold in one row: the bit pattern of the element at which, walking the
 // values from the largest down, the running total first reaches `target` (by count: >= target;
-// by mass: > target). Returns 0 (keep everything) when the total never gets there.
+// by mass: > target). Only values >= `floor` take part (a threshold below the floor would be
+// overridden by it anyway), which keeps the histograms small. Returns 0 when the candidates'
+// total never gets there (the threshold is below the floor, or everything stays).
 template <bool BY_MASS>
-__device__ float radix_threshold(const float* row, int vocab, float m, float inv_t, float target, Hist* h) {
+__device__ float radix_threshold(const float* row, int vocab, float m, float inv_t, float target, float floor,
+                                 Hist* h) {
   u32 prefix = 0, known = 0;
   float above = 0.f;
   const int lane = threadIdx.x % 32;
@@ -114,7 +118,7 @@ __device__ float radix_threshold(const float* row, int vocab, float m, float inv
       if (i < vocab) {
         e = expf((row[i] - m) * inv_t);
         const u32 bits = __float_as_uint(e);
-        in = (bits & known) == prefix;
+        in = (bits & known) == prefix && e >= floor;
         bucket = (bits >> shift) & 255;
       }
       // Aggregate within the warp per bucket: most values share a few buckets, and one atomic
@@ -218,12 +222,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   const float p = top_p[b];
   const int k = top_k[b];
   float tau = fmaxf(min_p[b], 0.f);  // e_max = 1, so p_i >= min_p * p_max <=> e_i >= min_p
-  if (k > 0 && k < vocab) tau = fmaxf(tau, radix_threshold<false>(row, vocab, m, inv_t, (float)k, &hist));
+  if (k > 0 && k < vocab) tau = fmaxf(tau, radix_threshold<false>(row, vocab, m, inv_t, (float)k, tau, &hist));
   if (p < 1.f) {
     float z = 0.f;
     for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) z += expf((row[i] - m) * inv_t);
     z = block_sum(z, sum_scratch);
-    tau = fmaxf(tau, radix_threshold<true>(row, vocab, m, inv_t, p * z, &hist));
+    // A top-p cut usually lies among values far above the tail: look there first, and over the
+    // whole row only when the mass above the probe floor does not reach p.
+    float tp = radix_threshold<true>(row, vocab, m, inv_t, p * z, fmaxf(tau, TOP_P_PROBE_FLOOR), &hist);
+    if (tp == 0.f && tau < TOP_P_PROBE_FLOOR) tp = radix_threshold<true>(row, vocab, m, inv_t, p * z, tau, &hist);
+    tau = fmaxf(tau, tp);
   }
   tau = fminf(tau, 1.f);  // the top token always stays
 

@@ -24,6 +24,7 @@ from sgjit.kernels.sources import CPP_TYPES
 
 LOG2E = 1.0 / math.log(2.0)
 MERGE_BLOCK = 256
+MAX_GRID_Y = 65535
 
 
 def attention_name(shapes: ModelShapes, tile: AttnTile) -> str:
@@ -60,6 +61,7 @@ class PagedAttention:
         prefill_tile: AttnTile,
         max_context: int,
         fixed_splits: int | None = None,
+        kv_prefetch: int = 0,
     ) -> None:
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
@@ -70,7 +72,8 @@ class PagedAttention:
             attention_name(shapes, prefill_tile),
             merge_name(shapes),
         ]
-        kernels = compile_kernels("attention", sorted(set(names)))
+        defines = (f"SGJIT_KV_L2_PREFETCH={kv_prefetch}",) if kv_prefetch else ()
+        kernels = compile_kernels("attention", sorted(set(names)), defines)
         self.decode_kernel, self.prefill_kernel = kernels[names[0]], kernels[names[1]]
         self.merge_kernel = kernels[names[2]]
         for kern, tile in ((self.decode_kernel, decode_tile), (self.prefill_kernel, prefill_tile)):
@@ -92,7 +95,7 @@ class PagedAttention:
         if meta.is_decode:
             tile = self.decode_tile
             m_tiles = -(-g // tile.bm)
-            grid = (meta.num_rows * m_tiles, hkv, self.splits_for_batch(meta.num_rows))
+            grid = (hkv, meta.num_rows * m_tiles, self.splits_for_batch(meta.num_rows))
             plan = _Plan(meta, self.decode_kernel, tile, grid, None, m_tiles)
         else:
             tile = self.prefill_tile
@@ -113,7 +116,7 @@ class PagedAttention:
                 splits = max(
                     1, min(-(-2 * self.profile.sm_count // ctas), meta.max_kv_len // (4 * tile.bn), 16)
                 )
-            plan = _Plan(meta, self.prefill_kernel, tile, (len(items), hkv, splits), work, 1)
+            plan = _Plan(meta, self.prefill_kernel, tile, (hkv, len(items), splits), work, 1)
         self._plan = plan
         return plan
 
@@ -135,14 +138,16 @@ class PagedAttention:
             part_o = torch.empty((splits, n, hq, d), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((splits, n, hq), dtype=torch.float32, device=q.device)
         table = meta.page_table
-        launch(
-            plan.kernel, plan.grid, plan.tile.threads,
-            (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
-             ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(plan.work), np.int32(plan.m_tiles), ptr(out),
-             ptr(part_o), ptr(part_lse), np.int32(n), np.int32(s.num_kv_heads),
-             np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale)),
-            plan.tile.smem_bytes(d, s.kv_bytes),
-        )  # fmt: skip
+        hkv, items, _ = plan.grid
+        for base in range(0, items, MAX_GRID_Y):  # one launch unless a prefill has > 65535 m tiles
+            launch(
+                plan.kernel, (hkv, min(MAX_GRID_Y, items - base), splits), plan.tile.threads,
+                (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
+                 ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(plan.work), np.int32(base), np.int32(plan.m_tiles),
+                 ptr(out), ptr(part_o), ptr(part_lse), np.int32(n), np.int32(s.num_kv_heads),
+                 np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale)),
+                plan.tile.smem_bytes(d, s.kv_bytes),
+            )  # fmt: skip
         if splits > 1:
             rows = n * hq
             launch(

@@ -26,7 +26,7 @@ from sgjit.settings import env
 log = logging.getLogger(__name__)
 
 COMPILE_OPTIONS = ("-std=c++17",)
-_modules: dict[tuple[str, str], Any] = {}
+_modules: dict[tuple[str, str, tuple[str, ...]], Any] = {}
 _streams: dict[int, Any] = {}
 _lock = threading.Lock()
 
@@ -43,20 +43,22 @@ def cupy_module() -> Any:
     return cupy
 
 
-def compile_kernels(family: str, names: Sequence[str]) -> dict[str, Any]:
+def compile_kernels(family: str, names: Sequence[str], defines: tuple[str, ...] = ()) -> dict[str, Any]:
     """The kernels `names` (C++ name expressions) of one family, compiled for the current device,
     one module per instantiation so ops that share one (and later processes, through CuPy's disk
-    cache) reuse it. Raises KernelError naming the instantiation when NVRTC or the load fails."""
+    cache) reuse it; `defines` are NAME=VALUE macros. Raises KernelError naming the instantiation
+    when NVRTC or the load fails."""
     cupy = cupy_module()
+    options = COMPILE_OPTIONS + tuple(f"-D{d}" for d in defines)
     kernels = {}
     with _lock:
         for name in names:
-            key = (family, name)
+            key = (family, name, defines)
             try:
                 module = _modules.get(key)
                 if module is None:
                     module = cupy.RawModule(
-                        code=family_source(family), options=COMPILE_OPTIONS, name_expressions=[name]
+                        code=family_source(family), options=options, name_expressions=[name]
                     )
                 kernels[name] = module.get_function(name)
             except Exception as e:  # CompileException, CUDADriverError, ...
