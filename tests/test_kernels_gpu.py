@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sgjit.compiler.arch import device_profile
-from sgjit.compiler.select import ModelShapes, decode_splits
+from sgjit.compiler.select import KernelSelector, ModelShapes, decode_splits
 from sgjit.kernels import reference
 from sgjit.kernels.ops import LayerKV, SamplingTensors
 from sgjit.kernels.registry import CUDA, variant
@@ -158,14 +158,14 @@ ATTN_CONFIGS = [
 ]
 
 
-def _attn_op(profile, cfg, max_context=8192):
+def _attn_op(profile, cfg, max_context=8192, decode=None, prefill=None):
+    """The op with the selector's tiles for this shape (or the ones given)."""
     from sgjit.kernels.cuda.attention import PagedAttention
 
     dtype, kv_dtype, hq, hkv, d, page = cfg
     shapes = shapes_for(dtype, kv_dtype, hq, hkv, d, page)
-    tiles = variant("attention", CUDA).tunables
-    dec = next(t for t in tiles["decode_tile"] if t.blocks_per_sm(profile, d, shapes.kv_bytes) >= 2)
-    pre = tiles["prefill_tile"][0]
+    chosen = KernelSelector().select(profile, shapes)["attention"].tunables
+    dec, pre = decode or chosen["decode_tile"], prefill or chosen["prefill_tile"]
     return PagedAttention(profile, shapes, dtype, dec, pre, max_context)
 
 
@@ -237,6 +237,33 @@ def test_prefill_attention(cfg, profile):
             q_lens, kv_lens, hq, hkv, d, page, dtype, kv_dtype, DEV, seed=i, kv_scale=scale
         )
         _check_attention(op, case, cfg)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_every_registered_tile(kv_dtype, profile):
+    """Each decode and prefill tile the selector may pick (or autotune may store) is correct."""
+    cfg = (torch.bfloat16, kv_dtype, 32, 8, 128, 16)
+    scale = 0.5 if kv_dtype == torch.float8_e4m3fn else 1.0
+    tiles = variant("attention", CUDA).tunables
+    dec_case = paged_attention_case(
+        [1] * 9,
+        [1, 70, 4097, 300, 2, 1999, 64, 65, 8000],
+        32,
+        8,
+        128,
+        16,
+        torch.bfloat16,
+        kv_dtype,
+        DEV,
+        kv_scale=scale,
+    )
+    pre_case = paged_attention_case(
+        [1, 300, 77], [900, 300, 2000], 32, 8, 128, 16, torch.bfloat16, kv_dtype, DEV, seed=5, kv_scale=scale
+    )
+    for tile in tiles["decode_tile"]:
+        _check_attention(_attn_op(profile, cfg, decode=tile), dec_case, cfg)
+    for tile in tiles["prefill_tile"]:
+        _check_attention(_attn_op(profile, cfg, prefill=tile), pre_case, cfg)
 
 
 def test_decode_splits_any_count(profile):

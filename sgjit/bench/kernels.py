@@ -64,7 +64,7 @@ def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dic
     tiles = variant("attention", CUDA).tunables
     results = {}
     for tile in tiles["decode_tile"]:
-        for splits in (1, 2, 4):
+        for splits in (1, 2):
             op = PagedAttention(
                 profile, shapes, BF16, tile, tiles["prefill_tile"][0], ctx, fixed_splits=splits
             )
@@ -73,7 +73,7 @@ def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dic
             )
     top = min(results, key=results.get)
     top_tile, top_splits = AttnTile.parse(top.split("/")[0]), int(top.split("splits")[1])
-    for prefetch in (128, 256):  # the L2 prefetch hint on the K/V copies, on the fastest config
+    for prefetch in (128,):  # the L2 prefetch hint on the K/V copies, on the fastest config
         op = PagedAttention(
             profile,
             shapes,
@@ -87,10 +87,14 @@ def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dic
         results[f"{top}/prefetch{prefetch}"] = median_cuda_seconds(
             lambda op=op: op(case.q, case.kv, case.meta, scale)
         )
-    heuristic = decode_splits(profile, tiles["decode_tile"][0], shapes, b, ctx)
+    chosen = KernelSelector().select(profile, shapes)["attention"].tunables["decode_tile"]
+    heuristic = decode_splits(profile, chosen, shapes, b, ctx)
     detail["decode_configs_us"] = {k: v * 1e6 for k, v in results.items()}
     best_key = min(results, key=results.get)
-    chosen_key = f"{tiles['decode_tile'][0].name}/splits{heuristic}"
+    chosen_key = f"{chosen.name}/splits{heuristic}"
+    if chosen_key not in results:
+        op = PagedAttention(profile, shapes, BF16, chosen, tiles["prefill_tile"][0], ctx)
+        results[chosen_key] = median_cuda_seconds(lambda: op(case.q, case.kv, case.meta, scale))
     q4 = case.q[:, :, None, :]  # [B, Hq, 1, D]
     k = torch.randn(b, HKV, ctx, D, device=DEV, dtype=BF16)
     v = torch.randn_like(k)

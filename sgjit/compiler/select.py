@@ -22,6 +22,7 @@ from sgjit.errors import SgjitError
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import (
     CUDA,
+    DECODE_PREFERENCE,
     REFERENCE,
     TORCH_ONLY_REASON,
     VARIANTS,
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _DTYPE_NAMES[torch.float8_e4m3fn] = "fp8_e4m3"
 MAX_DECODE_SPLITS = 32
+INFLIGHT_PER_SM = 48 * 1024
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -111,34 +113,36 @@ class KernelSet:
 def decode_splits(
     profile: DeviceProfile, tile: AttnTile, shapes: ModelShapes, batch: int, max_context: int
 ) -> int:
-    """Splits of each row's keys in a decode step: enough CTAs to fill every resident slot of the
-    SMs once (measured on the H200: more splits than that only add merge traffic and shorter
-    streams), no split shorter than two tiles of the context bound, at most 32. Depends only on
-    static values (batch, bound), so a captured graph's grid stays valid."""
+    """Splits of each row's keys in a decode step: the fewest that give every SM enough CTAs to keep
+    ~48 KB of K/V in flight (what HBM needs to stay busy), but never more CTAs than fit at once (a
+    second, partial wave leaves SMs idle: measured on the H200), no split shorter than two tiles of
+    the context bound, at most 32. Depends only on static values (batch, bound), so a captured
+    graph's grid stays valid."""
     m_tiles = -(-shapes.group // tile.bm)
     ctas = batch * shapes.num_kv_heads * m_tiles
-    slots = profile.sm_count * max(1, tile.blocks_per_sm(profile, shapes.head_dim, shapes.kv_bytes))
-    want = -(-slots // ctas)
+    resident = max(1, tile.blocks_per_sm(profile, shapes.head_dim, shapes.kv_bytes))
+    per_sm = min(resident, -(-INFLIGHT_PER_SM // tile.inflight_bytes(shapes.head_dim, shapes.kv_bytes)))
+    want = -(-profile.sm_count * per_sm // ctas)
+    if ctas * want > profile.sm_count * resident:  # would spill into a second wave
+        want = max(1, profile.sm_count * resident // ctas)
     by_context = max(1, max_context // (2 * tile.bn))
     return max(1, min(want, by_context, MAX_DECODE_SPLITS))
 
 
 def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnTile, AttnTile, str]:
-    """The first decode tile with two resident CTAs per SM and the first prefill tile that fits."""
+    """The preferred decode tile with two resident CTAs per SM and the first prefill tile that fits."""
     d, kvb = shapes.head_dim, shapes.kv_bytes
     vt = variant("attention", CUDA)
-    dec = [
-        t
-        for t in vt.tunables["decode_tile"]
-        if t.blocks_per_sm(profile, d, kvb) >= 2 and t.fits(profile, d, kvb)
-    ]
+    tiles = {t.name: t for t in vt.tunables["decode_tile"]}
+    ordered = [tiles[n] for n in DECODE_PREFERENCE[kvb]]
+    dec = [t for t in ordered if t.blocks_per_sm(profile, d, kvb) >= 2 and t.fits(profile, d, kvb)]
     pre = [
         t
         for t in vt.tunables["prefill_tile"]
         if t.fits(profile, d, kvb) and t.blocks_per_sm(profile, d, kvb) >= 1
     ]
     if not dec:
-        dec = [t for t in vt.tunables["decode_tile"] if t.fits(profile, d, kvb)]
+        dec = [t for t in ordered if t.fits(profile, d, kvb)]
     if not dec or not pre:
         raise _Unfit(f"no attention tile fits {profile.smem_per_block_optin // 1024} KB of shared memory")
     why = (

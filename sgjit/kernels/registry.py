@@ -52,6 +52,10 @@ class AttnTile:
     def fits(self, profile: DeviceProfile, head_dim: int, kv_bytes: int) -> bool:
         return self.smem_bytes(head_dim, kv_bytes) <= profile.smem_per_block_optin
 
+    def inflight_bytes(self, head_dim: int, kv_bytes: int) -> int:
+        """K/V bytes one CTA has in flight while it computes (the tiles its ring prefetches)."""
+        return (self.stages - 1) * 2 * self.bn * head_dim * kv_bytes
+
     def blocks_per_sm(self, profile: DeviceProfile, head_dim: int, kv_bytes: int) -> int:
         """Resident CTAs per SM as shared memory allows (1 KB per block is reserved by the driver)."""
         need = self.smem_bytes(head_dim, kv_bytes) + 1024
@@ -68,14 +72,22 @@ class AttnTile:
         return cls(*(int(g) for g in m.groups()))
 
 
-# Decode: one m16 block (a row's G heads), keys spread over the warps. Ordered by preference.
+# Decode: one m16 block (a row's G heads), keys spread over the warps.
 DECODE_TILES = (
+    AttnTile(1, 1, 2, 32, 2),
+    AttnTile(1, 1, 2, 32, 3),
+    AttnTile(1, 1, 2, 64, 2),
+    AttnTile(1, 1, 4, 64, 2),
     AttnTile(1, 1, 4, 64, 3),
     AttnTile(1, 1, 4, 128, 2),
-    AttnTile(1, 1, 4, 64, 2),
-    AttnTile(1, 1, 2, 32, 2),  # two per SM where an SM has only ~100 KB
 )
-# Prefill / mixed: FA2 style, warps along the query rows.
+# Preference among the decode tiles that fit, by KV element size, from the H200 sweep of
+# docs/performance.md (B=64, ctx 4096, Llama-3-8B heads): small 2-warp CTAs, many per SM, stream
+# a 16-bit pool fastest; the fp8 pool's widening pass favours 4-warp CTAs.
+DECODE_PREFERENCE = {
+    2: ("m1x1n2b32s2", "m1x1n2b32s3", "m1x1n4b64s3", "m1x1n2b64s2", "m1x1n4b64s2", "m1x1n4b128s2"),
+    1: ("m1x1n4b64s2", "m1x1n4b64s3", "m1x1n2b32s2", "m1x1n2b32s3", "m1x1n2b64s2", "m1x1n4b128s2"),
+}
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.
 PREFILL_TILES = (
