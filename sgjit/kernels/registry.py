@@ -81,13 +81,14 @@ DECODE_TILES = (
     AttnTile(1, 1, 4, 64, 3),
     AttnTile(1, 1, 4, 128, 2),
 )
-# Preference among the decode tiles that fit, by KV element size, from the H200 sweep of
-# docs/performance.md (B=64, ctx 4096, Llama-3-8B heads): small 2-warp CTAs, many per SM, stream
-# a 16-bit pool fastest; the fp8 pool's widening pass favours 4-warp CTAs.
+# Preference among the decode tiles that fit, by KV element size, from the H200 sweeps of
+# docs/performance.md (B=64, ctx 4096, Llama-3-8B heads): small 2-warp CTAs, many resident per SM,
+# stream the pool fastest (bf16 253 us, fp8 254 us; 4-warp tiles 254-295 us).
 DECODE_PREFERENCE = {
     2: ("m1x1n2b32s2", "m1x1n2b32s3", "m1x1n4b64s3", "m1x1n2b64s2", "m1x1n4b64s2", "m1x1n4b128s2"),
-    1: ("m1x1n4b64s2", "m1x1n4b64s3", "m1x1n2b32s2", "m1x1n2b32s3", "m1x1n2b64s2", "m1x1n4b128s2"),
+    1: ("m1x1n2b32s3", "m1x1n2b32s2", "m1x1n4b64s3", "m1x1n4b64s2", "m1x1n2b64s2", "m1x1n4b128s2"),
 }
+
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.
 PREFILL_TILES = (
