@@ -86,7 +86,10 @@ class DecodeGraphs:
         self.logits = torch.empty(
             self.max_bs, model.config.vocab_size, dtype=torch.float32, device=self.device
         )
-        self.mempool = torch.cuda.graph_pool_handle()
+        self.steps = steps
+        self.out_tokens = torch.zeros(steps, self.max_bs, dtype=torch.int64, device=self.device)
+        self.eos = torch.tensor(eos_token_ids or (-1,), dtype=torch.int64, device=self.device)
+        self.mempool = torch.cuda.graph_pool_handle() if capture else None
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._buffers: dict[int, _Buffers] = {}
         self.capture_seconds = 0.0
@@ -113,7 +116,7 @@ class DecodeGraphs:
         if ctx not in self._buffers:
             n, dev = self.max_bs, self.device
             pages = self.pool.pages_for(ctx)
-            pinned = dict(pin_memory=True)
+            pinned = dict(pin_memory=dev.type == "cuda")
             self._buffers[ctx] = _Buffers(
                 scalars=torch.zeros(5, n, dtype=torch.int64, device=dev),
                 kv_lens=torch.ones(n, dtype=torch.int32, device=dev),

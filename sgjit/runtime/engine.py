@@ -63,6 +63,7 @@ class Engine:
             "generation_tokens_total": 0,
             "requests_total": 0,
             "steps": 0,
+            "multi_step_launches": 0,
         }
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._by_id: dict[str, Request] = {}
@@ -216,6 +217,7 @@ class Engine:
         if out is None:
             return False
         self.counters["steps"] += self.runner.multi_steps
+        self.counters["multi_step_launches"] += 1
         now = time.monotonic()
         for row, toks, budget in zip(batch.rows, out, budgets):
             req = row.req
