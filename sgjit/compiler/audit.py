@@ -75,8 +75,9 @@ def _allowed_builtin(fn: Any) -> bool:
 
 
 def _describe(fn: Any) -> str:
-    module = getattr(fn, "__module__", None) or type(getattr(fn, "__self__", None)).__name__
-    return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    return f"{module}.{name}" if module else name
 
 
 class CallAudit:

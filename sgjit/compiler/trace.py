@@ -9,6 +9,7 @@ line; such a program runs interpreted instead."""
 from __future__ import annotations
 
 import inspect
+import linecache
 import sys
 import threading
 from collections.abc import Callable
@@ -165,6 +166,17 @@ def source_hash(func: Callable[..., Any]) -> str:
         return ""  # defined where there is no source file (a REPL, exec)
 
 
+def _def_line(func: Callable[..., Any]) -> str:
+    """file:line of the `def` itself (the code object starts at the first decorator)."""
+    code = func.__code__
+    line = code.co_firstlineno
+    while (text := linecache.getline(code.co_filename, line)) and not text.lstrip().startswith(
+        ("def ", "async def ")
+    ):
+        line += 1
+    return f"{code.co_filename}:{line if text else code.co_firstlineno}"
+
+
 def _raised_at(tb: TracebackType | None) -> str:
     where = "<unknown>"
     while tb is not None:
@@ -177,7 +189,7 @@ def _raised_at(tb: TracebackType | None) -> str:
 def trace_program(func: Callable[..., Any], name: str, example_kwargs: dict[str, Any]) -> GraphPlan:
     """The plan of `func(s, **arguments)`. `example_kwargs` are checked against the signature and
     must be text (a plan inserts arguments as text); their values never enter the plan."""
-    defined_at = f"{func.__code__.co_filename}:{func.__code__.co_firstlineno}"
+    defined_at = _def_line(func)
     params = list(inspect.signature(func).parameters.values())[1:]
     variadic = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if variadic:

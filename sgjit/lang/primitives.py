@@ -118,23 +118,24 @@ def select(
     return Expr((Select(name, tuple(choices or ()), temperature, method_name),))
 
 
-def _role(role: str, expr: Any) -> Expr:
-    return Expr((RoleBegin(role), *as_nodes("" if expr is None else expr), RoleEnd(role)))
+def role(name: str, expr: Any) -> Expr:
+    """A message of role `name` around `expr`."""
+    return Expr((RoleBegin(name), *as_nodes("" if expr is None else expr), RoleEnd(name)))
 
 
 def system(expr: Any = None) -> Expr:
     """A system message around `expr`, rendered with the model's chat template."""
-    return _role("system", expr)
+    return role("system", expr)
 
 
 def user(expr: Any = None) -> Expr:
     """A user message around `expr`, rendered with the model's chat template."""
-    return _role("user", expr)
+    return role("user", expr)
 
 
 def assistant(expr: Any = None) -> Expr:
     """An assistant message around `expr` (usually a gen), rendered with the model's chat template."""
-    return _role("assistant", expr)
+    return role("assistant", expr)
 
 
 def system_begin() -> Expr:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from typing import Any, Protocol
 
-from sgjit.compiler.nodes import JOIN_MODES, Node, VarScopeBegin, VarScopeEnd
+from sgjit.compiler.nodes import JOIN_MODES, Node, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
 from sgjit.compiler.plan_check import ProgramChecker
 from sgjit.errors import ProgramError
 from sgjit.lang import primitives
@@ -100,38 +99,26 @@ class ProgramState:
             s._joined = True
         self._sink.join([s._sink for s in group.states], mode)
 
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        """Everything appended inside the block also becomes variable `name`."""
-        self._extend((VarScopeBegin(name),))
-        yield
-        self._extend((VarScopeEnd(name),))
+    def var_scope(self, name: str) -> Block:
+        """`with s.var_scope(name):` — everything appended inside also becomes variable `name`."""
+        return Block(self, (VarScopeBegin(name),), (VarScopeEnd(name),))
 
-    @contextmanager
-    def _role_block(self, begin: Callable[[], Expr], end: Callable[[], Expr]) -> Iterator[None]:
-        self += begin()
-        yield
-        self += end()
-
-    def system(self, expr: Any = None) -> Any:
+    def system(self, expr: Any = None) -> Block | None:
         """`s.system(expr)` appends a system message; `with s.system():` wraps a block in one."""
-        if expr is None:
-            return self._role_block(primitives.system_begin, primitives.system_end)
-        self += primitives.system(expr)
-        return None
+        return self._role("system", expr)
 
-    def user(self, expr: Any = None) -> Any:
+    def user(self, expr: Any = None) -> Block | None:
         """`s.user(expr)` appends a user message; `with s.user():` wraps a block in one."""
-        if expr is None:
-            return self._role_block(primitives.user_begin, primitives.user_end)
-        self += primitives.user(expr)
-        return None
+        return self._role("user", expr)
 
-    def assistant(self, expr: Any = None) -> Any:
+    def assistant(self, expr: Any = None) -> Block | None:
         """`s.assistant(expr)` appends an assistant message; `with s.assistant():` wraps a block."""
+        return self._role("assistant", expr)
+
+    def _role(self, role: str, expr: Any) -> Block | None:
         if expr is None:
-            return self._role_block(primitives.assistant_begin, primitives.assistant_end)
-        self += primitives.assistant(expr)
+            return Block(self, (RoleBegin(role),), (RoleEnd(role),))
+        self._extend(primitives.role(role, expr).nodes)
         return None
 
     # ----- reading it -----
@@ -181,6 +168,23 @@ class ProgramState:
 
     def __repr__(self) -> str:
         return f"ProgramState(plan_hash={self.plan_hash!r})"
+
+
+class Block:
+    """A `with` block that opens with some nodes and closes with others. A plain class, not
+    contextlib: a traced program may call only sgjit and its own code."""
+
+    __slots__ = ("state", "begin", "end")
+
+    def __init__(self, state: ProgramState, begin: tuple[Node, ...], end: tuple[Node, ...]) -> None:
+        self.state, self.begin, self.end = state, begin, end
+
+    def __enter__(self) -> None:
+        self.state._extend(self.begin)
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:  # a failing block leaves the program failing; do not close over it
+            self.state._extend(self.end)
 
 
 class ProgramStateGroup:
