@@ -281,3 +281,25 @@ def test_programs_compose_by_calling_each_other():
 
     assert both.run(a="Ann", b="Bob").text() == "Hello, Ann. Hello, Bob. "
     assert [n.kind for n in both.trace().nodes] == ["text", "arg", "text", "arg", "text"]
+
+
+def test_join_modes():
+    @sgl.function
+    def gather(s):
+        s += "Base."
+        forks = s.fork(2)
+        forks += lambda i: " branch " + str(i) + "." + sgl.gen("x", max_tokens=2, ignore_eos=True)
+        forks.join()
+
+    st = gather.run(temperature=0)
+    assert st.text() == "Base." and len(st["x"]) == 2 and len(st.get_meta_info("x")) == 2
+
+    @sgl.function
+    def concatenate(s):
+        s += "Base."
+        forks = s.fork(2)
+        forks += [" one.", " two."]
+        forks.join("concate_and_append")
+        s += " End."
+
+    assert concatenate.run().text() == "Base. one. two. End."

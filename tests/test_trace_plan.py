@@ -274,6 +274,12 @@ def test_without_jit_an_untraceable_program_runs_interpreted(runtime):
     b = interpreted.run(mood="happy", temperature=0, backend=runtime)
     assert a.plan_hash is None and a.text() == b.text() and a.text().startswith("Great! Say hi:")
 
+    def answers(s):
+        s += "x"
+        return 42
+
+    assert sgl.function(answers).run(backend=runtime).ret_value == 42
+
 
 def test_non_text_arguments_run_interpreted_unless_jit_demands_the_plan(runtime):
     def shout(s, word):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from sgjit.lang.function import Function
 
 
 @dataclass(slots=True)
@@ -60,10 +63,10 @@ class Backend(Protocol):
 
     def open_sequence(self) -> ProgramSequence: ...
 
-    def register_function(self, function: Any) -> None:
+    def register_function(self, function: Function) -> None:
         """Remember a program function run here, so `reload_function(name)` can find it."""
 
-    def lookup_function(self, name: str) -> Any | None: ...
+    def lookup_function(self, name: str) -> Function | None: ...
 
     def invalidate_plan(self, plan_hash: str) -> None:
         """Drop every artefact cached for the plan `plan_hash` (its source changed)."""

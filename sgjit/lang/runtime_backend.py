@@ -12,11 +12,14 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgjit.lang.backend import GenOutput, ProgramSequence
 from sgjit.runtime.request import PrefixHandle, RequestUpdate
 from sgjit.runtime.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sgjit.lang.function import Function
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ class RuntimeBackend:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._functions: dict[str, Any] = {}
+        self._functions: dict[str, Function] = {}
 
     @classmethod
     def of(cls, runtime: Runtime) -> RuntimeBackend:
@@ -112,10 +115,10 @@ class RuntimeBackend:
     def open_sequence(self) -> ProgramSequence:
         return RuntimeSequence(self.runtime)
 
-    def register_function(self, function: Any) -> None:
+    def register_function(self, function: Function) -> None:
         self._functions[function.name] = function
 
-    def lookup_function(self, name: str) -> Any | None:
+    def lookup_function(self, name: str) -> Function | None:
         return self._functions.get(name)
 
     def invalidate_plan(self, plan_hash: str) -> None:
