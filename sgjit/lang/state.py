@@ -205,7 +205,7 @@ class ProgramStateGroup:
         return iter(self.states)
 
     def __iadd__(self, other: Any) -> ProgramStateGroup:
-        if isinstance(other, list):
+        if isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
                 raise ProgramError(
                     f"a list added to {len(self.states)} forks needs one item a fork, got {len(other)}"
