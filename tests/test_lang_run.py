@@ -135,3 +135,18 @@ def test_backend_argument_and_registration(runtime):
     assert st.text().startswith("Repeat the word q")
     backend = RuntimeBackend.of(runtime)
     assert backend is RuntimeBackend.of(runtime) and backend.lookup_function("echo") is echo
+
+
+def test_a_runtime_that_ran_programs_is_freed_after_shutdown(tmp_path):
+    import gc
+    import weakref
+
+    from tiny_gguf import write_tiny_gguf
+
+    rt = sgl.Runtime(str(write_tiny_gguf(tmp_path / "tiny.gguf")), device="cpu", max_total_tokens=512)
+    assert echo.run(word="a", backend=rt).get_meta_info("more")["completion_tokens"] == 3
+    ref = weakref.ref(rt)
+    rt.shutdown()
+    del rt
+    gc.collect()
+    assert ref() is None  # neither the function nor the backend adapter keeps it alive

@@ -224,6 +224,11 @@ def swallows_the_error(s):
 
 
 @sgl.function(jit=True)
+def asks_the_runtime(s):
+    s += "Vocabulary: " + str(sgl.get_default_backend().runtime.model_config.vocab_size)  # <- here
+
+
+@sgl.function(jit=True)
 def uses_a_string_method(s, text):
     s += text.upper()  # <- here
 
@@ -247,6 +252,7 @@ def returns_a_value(s):  # <- here
         (formats_argument, "formats argument 'name' in an f-string"),
         (calls_the_clock, "calls time.time()"),
         (swallows_the_error, "calls Random.random()"),
+        (asks_the_runtime, "calls sgjit.lang.default_backend.get_default_backend()"),
         (uses_a_string_method, "calls .upper on argument 'text'"),
         (argument_as_parameter, "argument 'n' is used as gen('y') parameter max_tokens"),
         (returns_a_value, "returns a value"),

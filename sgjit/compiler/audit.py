@@ -10,13 +10,20 @@ import builtins
 import os
 import sys
 import sysconfig
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 from sgjit.errors import TraceError
 
 _SGJIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_DSL_DIRS = tuple(os.path.join(_SGJIT_DIR, d) + os.sep for d in ("lang", "compiler"))
+# What a program may call in sgjit: the language itself, not the runtime behind it.
+_DSL_FILES = frozenset(
+    os.path.join(_SGJIT_DIR, *f.split("/"))
+    for f in (
+        "lang/primitives.py", "lang/state.py", "lang/expr.py", "lang/function.py", "lang/choices.py",
+        "compiler/trace.py",
+    )
+)  # fmt: skip
 _LIBRARY_DIRS = tuple(
     {
         os.path.abspath(p) + os.sep
@@ -49,8 +56,13 @@ _PURE_LIBRARY = frozenset(
 )
 
 
-def is_program_code(filename: str) -> bool:
-    """Code the user wrote: not sgjit, not the standard library, not an installed package."""
+def is_program_code(frame: FrameType) -> bool:
+    """Code the user wrote: not sgjit, not the standard library, not an installed package. The
+    module decides too, for code without a file of its own (a dataclass's generated __init__)."""
+    module = frame.f_globals.get("__name__") or ""
+    if module == "sgjit" or module.startswith("sgjit."):
+        return False
+    filename = frame.f_code.co_filename
     if filename.startswith("<frozen") or filename.startswith(_SGJIT_DIR):
         return False
     return not os.path.abspath(filename).startswith(_LIBRARY_DIRS) if os.path.isabs(filename) else True
@@ -60,11 +72,10 @@ def location(frame: FrameType | None) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
 
 
-def _allowed_python(code: CodeType, frame: FrameType) -> bool:
-    filename = code.co_filename
-    if filename.startswith(_DSL_DIRS) or is_program_code(filename):
+def _allowed_python(frame: FrameType) -> bool:
+    if frame.f_code.co_filename in _DSL_FILES or is_program_code(frame):
         return True
-    return (frame.f_globals.get("__name__"), code.co_name) in _PURE_LIBRARY
+    return (frame.f_globals.get("__name__"), frame.f_code.co_name) in _PURE_LIBRARY
 
 
 def _allowed_builtin(fn: Any) -> bool:
@@ -100,14 +111,12 @@ class CallAudit:
     def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             caller = frame.f_back
-            if caller is None or not is_program_code(caller.f_code.co_filename):
-                return
-            if _allowed_python(frame.f_code, frame):
+            if caller is None or not is_program_code(caller) or _allowed_python(frame):
                 return
             name = f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}"
         elif event == "c_call":
             caller = frame
-            if not is_program_code(caller.f_code.co_filename) or _allowed_builtin(arg):
+            if not is_program_code(caller) or _allowed_builtin(arg):
                 return
             name = _describe(arg)
         else:

@@ -35,7 +35,7 @@ _HINT = "; run it interpreted with @sgjit.function(jit=False), or keep the progr
 
 def _program_frame() -> FrameType | None:
     frame = sys._getframe(1)
-    while frame is not None and not is_program_code(frame.f_code.co_filename):
+    while frame is not None and not is_program_code(frame):
         frame = frame.f_back
     return frame
 
@@ -180,7 +180,7 @@ def _def_line(func: Callable[..., Any]) -> str:
 def _raised_at(tb: TracebackType | None) -> str:
     where = "<unknown>"
     while tb is not None:
-        if is_program_code(tb.tb_frame.f_code.co_filename):
+        if is_program_code(tb.tb_frame):
             where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return where

@@ -11,6 +11,7 @@ from sgjit.lang.runtime_backend import RuntimeBackend
 from sgjit.runtime.runtime import Runtime
 
 _default: Backend | None = None
+_default_owner: Any = None  # what was passed in (a Runtime), kept alive while it is the default
 
 
 def as_backend(obj: Any) -> Backend:
@@ -26,8 +27,8 @@ def as_backend(obj: Any) -> Backend:
 
 def set_default_backend(backend: Any) -> None:
     """Make `backend` (an `sgjit.Runtime`, or another Backend) the one runs use when given none."""
-    global _default
-    _default = as_backend(backend)
+    global _default, _default_owner
+    _default, _default_owner = as_backend(backend), backend
 
 
 def get_default_backend() -> Backend | None:

@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
@@ -46,7 +47,9 @@ class Function:
             raise ProgramError(
                 f"{self.name}() must take the program state as its first parameter: def {self.name}(s, ...)"
             )
-        self.backends: set[Backend] = set()  # where it has run (for reload_function's invalidation)
+        self.backends: weakref.WeakSet[Backend] = (
+            weakref.WeakSet()
+        )  # where it ran (reload_function invalidates there)
         self._trace_lock = threading.Lock()
         self._traced = False
         self._plan: GraphPlan | None = None

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sgjit.errors import ProgramError
 from sgjit.lang.backend import GenOutput, ProgramSequence
 from sgjit.runtime.request import PrefixHandle, RequestUpdate
 from sgjit.runtime.runtime import Runtime
@@ -83,14 +84,22 @@ class RuntimeSequence:
 
 
 class RuntimeBackend:
-    """The backend of one `Runtime`; `RuntimeBackend.of(runtime)` gives the same object every time."""
+    """The backend of one `Runtime`; `RuntimeBackend.of(runtime)` gives the same object every time.
+    It refers to its runtime weakly, so a runtime nobody uses any more is freed with its adapter."""
 
     _by_runtime: weakref.WeakKeyDictionary[Runtime, RuntimeBackend] = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
 
     def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+        self._runtime = weakref.ref(runtime)
         self._functions: dict[str, Function] = {}
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime = self._runtime()
+        if runtime is None:
+            raise ProgramError("the Runtime behind this backend no longer exists; pass a live sgjit.Runtime")
+        return runtime
 
     @classmethod
     def of(cls, runtime: Runtime) -> RuntimeBackend:
