@@ -32,24 +32,9 @@ _LIBRARY_DIRS = tuple(
     }
 )
 
-_PURE_BUILTINS = frozenset(
-    {
-        "len",
-        "isinstance",
-        "issubclass",
-        "min",
-        "max",
-        "sum",
-        "sorted",
-        "abs",
-        "round",
-        "any",
-        "all",
-        "iter",
-        "next",
-        "divmod",
-    }
-)
+_PURE_BUILTINS = frozenset({
+    "len", "isinstance", "issubclass", "min", "max", "sum", "sorted", "abs", "round", "any", "all", "iter", "next",
+})  # fmt: skip
 _VALUE_TYPES = (str, bytes, int, float, bool, list, tuple, dict, set, frozenset)
 _PURE_LIBRARY = frozenset(
     {("json", "dumps"), ("json", "loads"), ("textwrap", "dedent"), ("textwrap", "indent")}
