@@ -8,6 +8,8 @@ import sys
 BENCHMARKS = {
     "generate": "sgjit.bench.generate",
     "throughput": "sgjit.bench.throughput",
+    "latency": "sgjit.bench.latency",
+    "serving": "sgjit.bench.serving",
 }
 
 
