@@ -84,6 +84,14 @@ class Runtime:
         )
         self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, self.pool.capacity_tokens)
         self.ops = cpu_ops(self.dtype) if self.device.type == "cpu" else REFERENCE_OPS
+        if self.device.type == "cuda" and cfg.enable_jit:
+            from sgjit.compiler.select import Workload
+            from sgjit.kernels.table import jit_ops
+
+            workload = Workload(cfg.max_running_requests, self.max_model_len, cfg.chunked_prefill_size)
+            self.ops, self.kernel_set = jit_ops(
+                self.device, mc, self.dtype, kv_dtype, cfg.page_size, workload
+            )
         self.model = LlamaModel(
             mc, ckpt.weights, self.ops, self.device, self.dtype,
             max_positions=max(self.max_model_len, mc.max_position_embeddings),
