@@ -1,8 +1,64 @@
 """sgjit: a JIT-compiling runtime for prompt programs."""
 
+from sgjit.compiler.plan import GraphPlan
 from sgjit.errors import SgjitError
+from sgjit.lang import (
+    ChoicesMethod,
+    Function,
+    ProgramState,
+    ProgramStateGroup,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    function,
+    gen,
+    gen_int,
+    gen_string,
+    get_default_backend,
+    greedy_token_selection,
+    reload_function,
+    select,
+    set_default_backend,
+    system,
+    system_begin,
+    system_end,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+    user,
+    user_begin,
+    user_end,
+)
 from sgjit.runtime.runtime import Runtime
 
 __version__ = "0.1.0"
 
-__all__ = ["Runtime", "SgjitError", "__version__"]
+__all__ = [
+    "ChoicesMethod",
+    "Function",
+    "GraphPlan",
+    "ProgramState",
+    "ProgramStateGroup",
+    "Runtime",
+    "SgjitError",
+    "__version__",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_default_backend",
+    "greedy_token_selection",
+    "reload_function",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+]

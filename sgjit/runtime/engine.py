@@ -88,9 +88,14 @@ class Engine:
 
     # ----- called from any thread -----
     def submit(self, req: Request) -> None:
+        self.submit_batch([req])
+
+    def submit_batch(self, reqs: list[Request]) -> None:
+        """Requests handed over together reach the scheduler in the same step, so requests over one
+        cached prefix (a select's choices) share a forward pass."""
         with self._count_lock:
-            self.unfinished += 1
-        self._inbox.put(("submit", req))
+            self.unfinished += len(reqs)
+        self._inbox.put(("submit", reqs))
 
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
@@ -144,10 +149,11 @@ class Engine:
 
     def _handle(self, kind: str, arg: Any) -> None:
         if kind == "submit":
-            self._by_id[arg.rid] = arg
-            self.scheduler.add(arg)
-            self.counters["requests_total"] += 1
-            self.counters["prompt_tokens_total"] += arg.prompt_len
+            for req in arg:
+                self._by_id[req.rid] = req
+                self.scheduler.add(req)
+                self.counters["requests_total"] += 1
+                self.counters["prompt_tokens_total"] += req.prompt_len
         elif kind == "abort":
             req = self._by_id.get(arg)
             if req is not None:

@@ -183,13 +183,19 @@ class Runtime:
     def submit(self, req: Request, sink: Any) -> None:
         """Hand a request to the engine; `sink(update)` is then called on the engine thread with every
         update. Raises `ServerBusyError` when the queue is full."""
+        self.submit_batch([req], sink)
+
+    def submit_batch(self, reqs: list[Request], sink: Any) -> None:
+        """`submit` for several requests that reach the scheduler in the same step (requests over one
+        cached prefix then share a forward pass)."""
         limit = self.config.max_running_requests + self.config.max_waiting_requests
-        if self.engine.unfinished >= limit:
+        if self.engine.unfinished + len(reqs) > limit:
             raise ServerBusyError(
                 f"{self.engine.unfinished} requests are queued or running (limit {limit}); retry later"
             )
-        req.sink = sink
-        self.engine.submit(req)
+        for req in reqs:
+            req.sink = sink
+        self.engine.submit_batch(reqs)
 
     def abort(self, rid: str) -> None:
         """Stop a request now and free its KV pages; its submitter gets a final update with an error."""
@@ -243,13 +249,13 @@ class Runtime:
             if batched:
                 raise InvalidRequestError("stream=True takes one prompt, not a list", "stream")
             return self._stream(reqs[0])
-        results = self._run_all(reqs)
+        results = self.run_requests(reqs)
         return results if batched else results[0]
 
-    def _run_all(self, reqs: list[Request]) -> list[dict[str, Any]]:
+    def run_requests(self, reqs: list[Request]) -> list[dict[str, Any]]:
+        """Submit requests together and wait for all; their results in order (raises the first error)."""
         done: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
-        for r in reqs:
-            self.submit(r, lambda u: done.put(u) if u.finished else None)
+        self.submit_batch(reqs, lambda u: done.put(u) if u.finished else None)
         by_id = {}
         for _ in reqs:
             u = done.get()
@@ -337,6 +343,13 @@ class Runtime:
 
     def release(self, handle: PrefixHandle) -> None:
         self.engine.release(handle)
+
+    def share_prefix(self, handle: PrefixHandle) -> PrefixHandle:
+        """A second handle on the same pages, with its own reference: a program that forks gives each
+        branch one, so the shared prefix stays resident until every branch has moved on."""
+        pages = list(handle.pages)
+        self.engine.call(lambda: self.pool.allocator.incref(pages))
+        return PrefixHandle(list(handle.token_ids), pages)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -1,0 +1,72 @@
+"""The seam between prompt programs and whatever runs the model. The executor talks only to these two
+protocols: `Backend` (tokenizer and chat template, sequences, the function registry, plan
+invalidation) and `ProgramSequence` (one running program's sequence in the engine). `RuntimeBackend`
+implements them in-process over `sgjit.Runtime`; an HTTP client (`RuntimeEndpoint`) and compiled-plan
+execution (the JIT) implement the same ones.
+
+Token ids cross the seam, not text: the executor decides the exact tokens a step feeds the model
+(the tokenization of the program's whole text so far), so every backend runs the same tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from sgjit.lang.function import Function
+
+
+@dataclass(slots=True)
+class GenOutput:
+    text: str  # the generated text, stop string trimmed
+    meta_info: dict[str, Any]  # SGLang's meta_info: finish_reason, token counts, logprobs if asked
+
+
+class ProgramSequence(Protocol):
+    """One program's sequence: each step's prompt is the program's whole token sequence so far, and
+    the part already computed stays resident between steps, so a step pays only for its new tokens."""
+
+    def prefill(self, input_ids: list[int]) -> None:
+        """Compute `input_ids` and keep them resident (before a fork or a select's choices)."""
+
+    def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        *,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenOutput:
+        """Generate after `input_ids`; `on_text` gets each new piece of text as it is produced."""
+
+    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """Logprob of every token of `prompts[i][starts[i]:]` given what precedes it, all prompts in one
+        batched forward (they share the resident prefix). Each start is >= 1."""
+
+    def fork(self) -> ProgramSequence:
+        """A sequence continuing from this one's resident prefix, sharing its KV pages."""
+
+    def close(self) -> None:
+        """Let go of everything resident; the sequence is not used again."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+
+    def unconditional_prefix(self) -> list[int]:
+        """The context for `unconditional_likelihood_normalized`: a document start, nothing else."""
+
+    def open_sequence(self) -> ProgramSequence: ...
+
+    def register_function(self, function: Function) -> None:
+        """Remember a program function run here, so `reload_function(name)` can find it."""
+
+    def lookup_function(self, name: str) -> Function | None: ...
+
+    def invalidate_plan(self, plan_hash: str) -> None:
+        """Drop every artefact cached for the plan `plan_hash` (its source changed)."""

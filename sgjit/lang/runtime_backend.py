@@ -1,0 +1,135 @@
+"""`RuntimeBackend`: prompt programs on an in-process `Runtime`.
+
+A program's sequence is a chain of engine requests. Each request holds its computed pages
+(`hold_prefix`) and the next one releases that hold once it is admitted (`release_on_admit`), by
+which time the radix cache has matched those pages into it: the program's KV stays resident between
+steps without the engine knowing about programs."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sgjit.errors import ProgramError
+from sgjit.lang.backend import GenOutput, ProgramSequence
+from sgjit.runtime.request import PrefixHandle, RequestUpdate
+from sgjit.runtime.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sgjit.lang.function import Function
+
+log = logging.getLogger(__name__)
+
+
+class RuntimeSequence:
+    def __init__(self, runtime: Runtime, handle: PrefixHandle | None = None) -> None:
+        self._rt = runtime
+        self._handle = handle  # pages of the last step, held for the next
+
+    def prefill(self, input_ids: list[int]) -> None:
+        self.generate(input_ids, {"max_new_tokens": 0})
+
+    def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        *,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenOutput:
+        req = self._rt.make_request(
+            input_ids,
+            sampling_params,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            hold_prefix=True,
+            release_on_admit=self._handle,
+        )
+        updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
+        self._rt.submit(req, updates.put)
+        self._handle = None  # the engine releases it when the request is admitted (or fails)
+        while True:
+            update = updates.get()
+            if update.text and on_text is not None:
+                on_text(update.text)
+            if update.finished:
+                break
+        if update.error is not None:
+            raise update.error
+        self._handle = update.handle
+        assert update.result is not None
+        return GenOutput(update.result["text"], update.result["meta_info"])
+
+    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
+        reqs = [
+            self._rt.make_request(p, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=s)
+            for p, s in zip(prompts, starts)
+        ]
+        results = self._rt.run_requests(reqs)
+        return [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results]
+
+    def fork(self) -> RuntimeSequence:
+        handle = self._rt.share_prefix(self._handle) if self._handle is not None else None
+        return RuntimeSequence(self._rt, handle)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._rt.release(self._handle)
+            self._handle = None
+
+
+class RuntimeBackend:
+    """The backend of one `Runtime`; `RuntimeBackend.of(runtime)` gives the same object every time.
+    It refers to its runtime weakly, so a runtime nobody uses any more is freed with its adapter."""
+
+    _by_runtime: weakref.WeakKeyDictionary[Runtime, RuntimeBackend] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = weakref.ref(runtime)
+        self._functions: dict[str, Function] = {}
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime = self._runtime()
+        if runtime is None:
+            raise ProgramError("the Runtime behind this backend no longer exists; pass a live sgjit.Runtime")
+        return runtime
+
+    @classmethod
+    def of(cls, runtime: Runtime) -> RuntimeBackend:
+        with cls._lock:
+            backend = cls._by_runtime.get(runtime)
+            if backend is None:
+                backend = cls._by_runtime[runtime] = cls(runtime)
+            return backend
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.runtime.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return self.runtime.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt
+        )
+
+    def unconditional_prefix(self) -> list[int]:
+        tok = self.runtime.tokenizer
+        return [tok.bos_token_id] if tok.bos_token_id is not None else [tok.eos_token_ids[0]]
+
+    def open_sequence(self) -> ProgramSequence:
+        return RuntimeSequence(self.runtime)
+
+    def register_function(self, function: Function) -> None:
+        self._functions[function.name] = function
+
+    def lookup_function(self, name: str) -> Function | None:
+        return self._functions.get(name)
+
+    def invalidate_plan(self, plan_hash: str) -> None:
+        # Nothing is compiled per plan in-process yet; the JIT's plan cache hooks in here.
+        log.debug("plan %s invalidated", plan_hash)
