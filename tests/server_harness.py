@@ -1,5 +1,6 @@
-"""A real uvicorn server for tests: the app over a given runtime, on a free port, on a thread of
-the test process (so a test can look inside the runtime while clients talk HTTP to it)."""
+"""A real uvicorn server for tests: the app over a given runtime, served by `sgjit serve`'s own
+server class on a free port, on a thread of the test process (so a test can look inside the
+runtime while clients talk HTTP to it)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import uvicorn
 
 from sgjit.server.app import create_app
 from sgjit.server.args import ServerArgs
-from sgjit.server.launch import bind_socket, uvicorn_config
+from sgjit.server.launch import DrainingServer, bind_socket, uvicorn_config
 from sgjit.server.state import ServerState
 
 
@@ -25,7 +25,7 @@ class LiveServer:
         self.app = create_app(args, runtime)
         sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn_config(self.app, args))
+        self.server = DrainingServer(uvicorn_config(self.app, args), self.state)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

@@ -50,7 +50,7 @@ class RequestGroup:
     def submit(self) -> RequestGroup:
         """Hand every request to the engine; on `ServerBusyError` the ones already in are aborted."""
         assert self._submitted == 0 and not self._closed, "a RequestGroup is submitted once"
-        self.state.inflight += 1
+        self.state.groups.add(self)
         try:
             for i, req in enumerate(self.reqs):
                 self.runtime.submit(req, lambda u, i=i: self._deliver(i, u))
@@ -60,15 +60,19 @@ class RequestGroup:
             raise
         return self
 
-    def close(self) -> None:
-        """Abort the requests still running and leave the in-flight count; safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        self.state.inflight -= 1
+    def abort(self) -> None:
+        """Stop the requests still running; each then delivers a final update with an error."""
         for i in self._unfinished:
             if i < self._submitted:
                 self.runtime.abort(self.reqs[i].rid)
+
+    def close(self) -> None:
+        """Abort what still runs and leave the set of groups in flight; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.state.groups.discard(self)
+        self.abort()
 
     async def __aenter__(self) -> RequestGroup:
         """`async with RequestGroup(...).submit() as group:` closes the group however the block ends."""

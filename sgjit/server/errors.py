@@ -77,7 +77,7 @@ def to_api_error(exc: BaseException) -> ApiError:
 def _validation_error(exc: RequestValidationError) -> ApiError:
     """FastAPI's 422 as OpenAI's 400: the first problem, with the field it is about as `param`."""
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(str(p))]
     if first.get("type") == "json_invalid":
         error = first.get("ctx", {}).get("error", "")
         return ApiError(400, f"the request body is not valid JSON ({error})", code="invalid_json")
@@ -92,6 +92,12 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     param = ".".join(loc) or None
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return ApiError(400, message, param=param, code="invalid_value")
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic names the union member that failed (`text.str`, `input_ids.list[int]`) in the
+    location; the client only needs the field."""
+    return part in ("str", "int", "float", "bool", "list", "dict") or "[" in part
 
 
 def install_error_handlers(app: FastAPI) -> None:

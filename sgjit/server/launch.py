@@ -27,7 +27,7 @@ from sgjit.server.state import ServerState
 log = logging.getLogger("sgjit.server")
 
 WARMUP_PROMPT = "Hello"
-UVICORN_GRACE_S = 1.0  # after our drain: how long uvicorn waits for responses still being written
+UVICORN_GRACE_S = 1.0  # after the drain deadline: for aborted streams to end, then for uvicorn's own wait
 
 
 class DrainingServer(uvicorn.Server):
@@ -38,6 +38,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
         self.drain_deadline: float | None = None
+        self.aborted = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # NOTE: not calling super(): uvicorn would re-raise the signal after shutdown, and a
@@ -47,18 +48,23 @@ class DrainingServer(uvicorn.Server):
             self.state.begin_drain()
             log.info(
                 "%s: draining %d request(s) (up to %.0f s; Ctrl-C again to stop now)",
-                signal.Signals(sig).name, self.state.inflight, self.state.args.drain_timeout,
+                signal.Signals(sig).name, len(self.state.groups), self.state.args.drain_timeout,
             )  # fmt: skip
         elif sig == signal.SIGINT:
             self.should_exit = self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
-        if self.drain_deadline is not None and (
-            self.state.inflight == 0 or time.monotonic() >= self.drain_deadline
-        ):
-            if self.state.inflight:
-                log.warning("drain timeout: aborting %d request(s) still running", self.state.inflight)
-            self.should_exit = True
+        """Every 0.1 s: once nothing is in flight, exit; at the deadline, abort what still runs (its
+        streams end with an error event) and give them a moment to say so before uvicorn's own
+        shutdown cancels whatever is left."""
+        if self.drain_deadline is not None:
+            now = time.monotonic()
+            if not self.state.groups or now >= self.drain_deadline + UVICORN_GRACE_S:
+                self.should_exit = True
+            elif now >= self.drain_deadline and not self.aborted:
+                log.warning("drain timeout: aborting %d request(s) still running", len(self.state.groups))
+                self.state.abort_in_flight()
+                self.aborted = True
         return await super().on_tick(counter)
 
 

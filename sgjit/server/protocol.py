@@ -49,7 +49,6 @@ class TextPart(Lenient):
 class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
-    name: str | None = None
 
 
 class StreamOptions(Lenient):
@@ -57,9 +56,7 @@ class StreamOptions(Lenient):
 
 
 class JsonSchemaSpec(Lenient):
-    name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
 
 
 class ResponseFormat(Lenient):
@@ -81,7 +78,6 @@ class OpenAISampling(Lenient):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
     # extras
     top_k: int | None = None
     min_p: float | None = None

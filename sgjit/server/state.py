@@ -1,5 +1,5 @@
 """`ServerState`: what every route reads — the runtime once it has loaded, the server's phase, the
-requests in flight (the drain waits on them) and the metrics. The HTTP socket opens before the model
+request groups in flight (the drain waits on them) and the metrics. The HTTP socket opens before the model
 has loaded, so routes must cope with there being no runtime yet."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from sgjit.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
+    from sgjit.server.bridge import RequestGroup
 
 
 class Phase(enum.Enum):
@@ -30,7 +31,7 @@ class ServerState:
     args: ServerArgs
     runtime: Runtime | None = None
     phase: Phase = Phase.STARTING
-    inflight: int = 0  # HTTP requests holding engine requests (streams until their last byte)
+    groups: set[RequestGroup] = field(default_factory=set)  # in flight (a stream until its last byte)
     started_at: float = field(default_factory=time.time)
     metrics: ServerMetrics = field(init=False)
 
@@ -45,6 +46,11 @@ class ServerState:
 
     def begin_drain(self) -> None:
         self.phase = Phase.DRAINING
+
+    def abort_in_flight(self) -> None:
+        """End every request still running: each stream then closes with an error event."""
+        for group in list(self.groups):
+            group.abort()
 
     @property
     def model_name(self) -> str:
