@@ -164,7 +164,8 @@ def test_full_queue_is_503_with_retry_after(server, runtime, monkeypatch):
         "stream": True,
     }
     with server.client() as c, c.stream("POST", "/generate", json=long) as r:
-        next(r.iter_lines())  # the engine holds the one allowed request now
+        lines = r.iter_lines()  # kept: a dropped iterator closes the connection, aborting the request
+        next(lines)  # the engine holds the one allowed request now
         busy = c.post(CHAT, json=chat(stream=True))
         error = assert_openai_error(busy, 503)
         assert busy.headers["retry-after"] == "1" and error["code"] == "server_busy"
