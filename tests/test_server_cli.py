@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +53,21 @@ def test_serve_help_describes_every_flag(capsys):
 def test_serve_rejects_bad_flags_before_loading(capsys, argv, message):
     assert cli_main(["serve", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_serve_refuses_a_busy_port(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert cli_main(["serve", "--port", str(taken.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+def test_serve_exits_1_when_the_model_does_not_load(tmp_path, caplog):
+    bad = tmp_path / "broken.gguf"
+    bad.write_text("not a model")
+    assert cli_main(["serve", "--model", str(bad), "--port", "0", "--device", "cpu"]) == 1
+    assert "could not load the model" in caplog.text and "not a GGUF file" in caplog.text
 
 
 def _lines(stream, out: queue.Queue) -> None:

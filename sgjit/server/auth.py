@@ -13,7 +13,8 @@ from sgjit.server.state import server_state
 OPEN_PATHS = frozenset({"/health"})
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
+    """Async so FastAPI runs it on the event loop, not through a worker thread per request."""
     key = server_state(request).args.api_key
     if key is None or request.url.path in OPEN_PATHS:
         return

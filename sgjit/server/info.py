@@ -4,7 +4,7 @@ shared by the ready line, /get_model_info and /get_server_info."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,7 +69,6 @@ def server_info(state: ServerState) -> dict[str, Any]:
         "phase": state.phase.value,
         "uptime_s": time.time() - state.started_at,
         "server_args": state.args.public_dict(),
-        "runtime_config": asdict(rt.config),
         "device": str(rt.device),
         "arch": device_arch(rt.device),
         "dtype": dtype_name(rt.dtype),

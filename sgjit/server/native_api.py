@@ -104,12 +104,13 @@ async def health_generate(request: Request, rt: Runtime = Depends(accepting_runt
 
 
 @router.get("/get_model_info")
-def get_model_info(request: Request) -> dict[str, Any]:
+async def get_model_info(request: Request) -> dict[str, Any]:
     return model_info(server_state(request))
 
 
 @router.get("/get_server_info")
 def get_server_info(request: Request) -> dict[str, Any]:
+    """Sync routes like this one run on a worker thread: they wait for the engine thread."""
     return server_info(server_state(request))
 
 

@@ -30,7 +30,7 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 @router.get("/models")
-def list_models(request: Request) -> ModelList:
+async def list_models(request: Request) -> ModelList:
     state = server_state(request)
     rt = state.loaded()
     card = ModelCard(

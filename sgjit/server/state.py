@@ -77,6 +77,6 @@ def server_state(request: Request) -> ServerState:
     return request.app.state.sgjit
 
 
-def accepting_runtime(request: Request) -> Runtime:
-    """FastAPI dependency of every route that submits work to the engine."""
+async def accepting_runtime(request: Request) -> Runtime:
+    """FastAPI dependency of every route that submits work to the engine (async: no thread hop)."""
     return server_state(request).accepting()
