@@ -102,7 +102,8 @@ def test_generate_stream_batch_is_indexed(http, runtime):
 
 def test_disconnect_mid_stream_frees_kv_pages(server, runtime):
     runtime.flush_cache()
-    start = wait_idle(runtime)["kv_pages_free"]
+    before = wait_idle(runtime)
+    start = before["kv_pages_free"]
     request = {
         "text": "Write a long story about a dragon.",
         "sampling_params": {**GREEDY, "max_new_tokens": 2000, "ignore_eos": True},
@@ -118,7 +119,7 @@ def test_disconnect_mid_stream_frees_kv_pages(server, runtime):
     assert s["running"] == 0 and s["waiting"] == 0
     runtime.flush_cache()
     assert runtime.stats()["kv_pages_free"] == start
-    assert runtime.stats()["generation_tokens_total"] < 10_000
+    assert s["generation_tokens_total"] - before["generation_tokens_total"] < 2000  # stopped, not finished
 
 
 def test_disconnect_while_waiting_for_a_full_result_aborts(server, runtime):

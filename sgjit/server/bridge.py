@@ -1,12 +1,12 @@
 """`RequestGroup`: the engine requests behind one HTTP call, bridged onto the event loop. The engine
 calls each request's sink on its own thread; the sink only schedules a put on the loop's queue, so
-routes consume updates with plain `await`. Closing the group aborts whatever has not finished —
-the one path by which a disconnect, a cancelled task or an error frees KV pages early."""
+routes consume updates with plain `await`. Closing the group aborts whatever has not finished, so
+a disconnect, a cancelled task or an error frees the KV pages at once rather than when the
+sequences would have ended."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -19,8 +19,6 @@ from sgjit.server.errors import ClientDisconnected
 
 if TYPE_CHECKING:
     from sgjit.server.state import ServerState
-
-log = logging.getLogger(__name__)
 
 
 class RequestGroup:

@@ -57,6 +57,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(400, str(exc), param=exc.param, code=code.get(type(exc), "invalid_value"))
     if isinstance(exc, E.CapacityError):
         return ApiError(400, str(exc), code="capacity_exceeded")
+    if isinstance(exc, E.ProgramError):
+        return ApiError(400, str(exc), code="invalid_program")
     if isinstance(exc, E.ModelNotFoundError):
         return ApiError(404, str(exc), param="model", code="model_not_found")
     if isinstance(exc, E.ServerBusyError):

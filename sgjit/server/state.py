@@ -1,6 +1,6 @@
 """`ServerState`: what every route reads — the runtime once it has loaded, the server's phase, the
-request groups in flight (the drain waits on them) and the metrics. The HTTP socket opens before the model
-has loaded, so routes must cope with there being no runtime yet."""
+request groups in flight (the drain waits on them) and the metrics. The HTTP socket opens before
+the model has loaded, so routes must cope with there being no runtime yet."""
 
 from __future__ import annotations
 
