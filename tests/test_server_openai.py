@@ -5,7 +5,9 @@ and 32 concurrent streams."""
 from __future__ import annotations
 
 import asyncio
+import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -80,6 +82,49 @@ def test_chat_stream_with_usage(client, runtime):
     assert chunks[-1].usage.prompt_tokens == want["meta_info"]["prompt_tokens"]
 
 
+def test_chat_stream_bytes_follow_openai_exactly(server, runtime):
+    body = {
+        "model": "smollm2-135m",
+        "messages": MESSAGES,
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(r.iter_raw())
+    events = raw.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1])
+    chunks = [json.loads(e[len(b"data: ") :]) for e in events[:-2]]
+    assert {(c["id"], c["created"], c["model"], c["object"]) for c in chunks} == {
+        (chunks[0]["id"], chunks[0]["created"], "smollm2-135m", "chat.completion.chunk")
+    }
+    assert all(set(c) == {"id", "object", "created", "model", "choices", "usage"} for c in chunks)
+    first, *content, finish, usage = chunks
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    ]
+    assert content and all(
+        c["choices"][0]["delta"].keys() == {"content"} and c["choices"][0]["finish_reason"] is None
+        for c in content
+    )
+    assert finish["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    want = greedy_chat(runtime, MESSAGES, 6)
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == want["text"]
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": want["meta_info"]["prompt_tokens"],
+        "completion_tokens": 6,
+        "total_tokens": want["meta_info"]["prompt_tokens"] + 6,
+        "prompt_tokens_details": {"cached_tokens": usage["usage"]["prompt_tokens_details"]["cached_tokens"]},
+    }
+
+
 def test_chat_n2_shares_the_prompt(client, runtime):
     runtime.flush_cache()
     hits_before = runtime.stats()["prefix_cache_hit_tokens"]
@@ -128,8 +173,6 @@ def test_json_schema_response_format_validates(client):
         temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
     )
-    import json
-
     value = json.loads(out.choices[0].message.content)
     jsonschema.validate(value, schema)
     assert out.choices[0].finish_reason == "stop"
