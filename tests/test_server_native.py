@@ -219,6 +219,16 @@ def test_flush_cache(http, runtime):
     assert runtime.stats()["kv_pages_evictable"] == 0
 
 
+def test_metrics_carry_jit_counters_once_the_runtime_reports_them(http, runtime, monkeypatch):
+    assert "sgjit_jit_compiles" not in http.get("/metrics").text
+    real_stats = runtime.stats
+    monkeypatch.setattr(runtime, "stats", lambda: {**real_stats(), "jit_compiles": 3, "jit_cache_hits": 7})
+    text = http.get("/metrics").text
+    assert "sgjit_jit_compiles 3.0" in text and "sgjit_jit_cache_hits 7.0" in text
+    jit = http.get("/get_server_info").json()["jit"]
+    assert jit["compiles"] == 3 and jit["cache_hits"] == 7
+
+
 def test_metrics(http):
     http.post("/generate", json={"text": "Hi there", "sampling_params": {"max_new_tokens": 3}})
     text = http.get("/metrics").text
