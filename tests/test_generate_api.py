@@ -99,3 +99,13 @@ def test_generate_cli():
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert "decode" in proc.stderr and "tok/s" in proc.stderr and "load" in proc.stderr
+
+
+def test_profile_writes_a_chrome_trace(runtime, tmp_path):
+    import json
+
+    with runtime.profile(tmp_path, "window"):
+        runtime.generate("Hello", {**GREEDY, "max_new_tokens": 4})
+    trace = json.loads((tmp_path / "window.trace.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any("linear" in n or "mm" in n for n in names)  # the engine thread's ops are in it

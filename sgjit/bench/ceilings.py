@@ -17,8 +17,14 @@ class Ceilings:
     copy_gbps: float  # read + write bytes per second
     gemm_tflops: float | None = None  # bf16 dense GEMM, GPU only
 
+    @property
+    def bandwidth_gbps(self) -> float:
+        """The rate weights stream at in decoding: the copy figure on a GPU (as the lent machine's
+        README quotes it), the read figure on a CPU."""
+        return self.copy_gbps if self.gemm_tflops is not None else self.read_gbps
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"bandwidth_gbps": self.bandwidth_gbps}
 
 
 def _median_seconds(fn, repeat: int, sync=lambda: None) -> float:

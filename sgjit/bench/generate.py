@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
-import time
 from typing import Any
 
 import torch
 
 from sgjit.bench.ceilings import measure
+from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
 from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.timing import interleaved, synchronizer
 
 log = logging.getLogger(__name__)
 
@@ -28,66 +28,6 @@ PROMPT = (
     "development of machine tools and the rise of the mechanised factory system. Output greatly "
     "increased, and the result was an unprecedented rise in population and in the rate of population growth."
 )
-
-
-def sgjit_runner(rt, ids: list[int]):
-    def gen(n: int):
-        return rt.generate(
-            input_ids=ids, sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
-        )
-
-    return gen
-
-
-def transformers_runner(rt, model, ids: list[int]):
-    """transformers' `generate`, run on sgjit's engine thread: on CPU both then share one OpenMP
-    pool, as two pools in two threads slow each other down (see Engine)."""
-    x = torch.tensor([ids], device=model.device)
-    mask = torch.ones_like(x)
-
-    def gen(n: int):
-        with torch.inference_mode():
-            return rt.engine.call(
-                lambda: model.generate(
-                    x, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
-                )
-            )
-
-    return gen
-
-
-def timed(fn, n: int, sync) -> float:
-    sync()
-    t = time.perf_counter()
-    fn(n)
-    sync()
-    return time.perf_counter() - t
-
-
-def interleaved(
-    runners: dict[str, Any], new_tokens: int, repeat: int, sync
-) -> dict[str, tuple[float, float]]:
-    """Median 1-token and N-token times of each runner, measured in alternating rounds so that a
-    machine whose speed drifts (shared hosts do) penalises every engine alike."""
-    for fn in runners.values():
-        fn(new_tokens)  # warm-up: first-call costs (primitive creation, allocator) stay out of the figures
-    samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in runners}
-    for _ in range(repeat):
-        for name, fn in runners.items():
-            samples[name][0].append(timed(fn, 1, sync))
-            samples[name][1].append(timed(fn, new_tokens, sync))
-    return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in samples.items()}
-
-
-def load_transformers(rt, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
-    path = rt.model_path
-    if path.is_file():  # GGUF
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return model.to(rt.device).eval()
 
 
 def row(name: str, n_prompt: int, new_tokens: int, t1: float, tn: float, roof: float) -> dict[str, Any]:
@@ -121,14 +61,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rt = Runtime(args.model, device=args.device, dtype=args.dtype, enable_prefix_cache=False)
     ceilings = rt.engine.call(lambda: measure(rt.device))  # on the engine thread: one OpenMP pool
     weight_bytes = rt.model_config.num_params() * torch.empty(0, dtype=rt.dtype).element_size()
-    roof = ceilings.read_gbps * 1e9 / weight_bytes
+    roof = ceilings.bandwidth_gbps * 1e9 / weight_bytes
     ids = rt.tokenizer.encode(PROMPT)
-    runners = {"sgjit": sgjit_runner(rt, ids)}
+    runners = {"sgjit": sgjit_runner(rt, [ids])}
     if not args.no_transformers:
-        hf = rt.engine.call(lambda: load_transformers(rt, rt.dtype))
-        runners["transformers"] = transformers_runner(rt, hf, ids)
-    sync = torch.cuda.synchronize if rt.device.type == "cuda" else (lambda: None)
-    times = interleaved(runners, args.new_tokens, args.repeat, sync)
+        hf = rt.engine.call(lambda: load_transformers(rt))
+        runners["transformers"] = transformers_runner(rt, hf, [ids])
+    times = interleaved(runners, args.new_tokens, args.repeat, synchronizer(rt.device))
     rt.shutdown()
     rows = [row(name, len(ids), args.new_tokens, t1, tn, roof) for name, (t1, tn) in times.items()]
     if len(rows) == 2:

@@ -26,6 +26,7 @@ class RuntimeConfig:
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
     jit_cache_limit: int = 64
     cuda_graph_max_bs: int = 256
+    disable_cuda_graph: bool = False  # JIT on GPU: run the bucketed decode steps eagerly instead of as graphs
     multi_step: int = 8  # decode steps per multi-step graph (JIT on GPU)
     seed: int | None = None
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default

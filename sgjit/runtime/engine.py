@@ -4,10 +4,12 @@ that state needs a lock."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import torch
 from sgjit.errors import RequestAbortedError, SgjitError
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model_runner import ModelRunner, StepLogits
+from sgjit.runtime.profiling import nvtx_range
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, Status
 from sgjit.runtime.sampler import Sampler, logprob_entries
@@ -25,6 +28,16 @@ from sgjit.runtime.scheduler import RowChunk, Scheduler
 from sgjit.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_engines() -> None:
+    # A daemon engine thread still inside torch when the interpreter tears down aborts the process
+    # ("terminate called without an active exception"); stop them in order first.
+    for engine in list(_live_engines):
+        engine.shutdown()
 
 
 @dataclass(slots=True)
@@ -60,6 +73,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, args=(build,), name="sgjit-engine", daemon=True)
         self._thread.start()
         self._ready.result()  # re-raises a load failure in the caller
+        _live_engines.add(self)
 
     def _attach(self, parts: EngineParts) -> None:
         self.runner = parts.runner
@@ -90,6 +104,7 @@ class Engine:
         return fut.result()
 
     def shutdown(self) -> None:
+        _live_engines.discard(self)
         self._stop.set()
         self._inbox.put(("wake", None))
         self._thread.join(timeout=10)
@@ -149,6 +164,8 @@ class Engine:
                 fut.set_exception(e)
 
     def step(self) -> None:
+        if self.runner.multi_steps > 1 and self._try_multi_step():
+            return
         batch = self.scheduler.schedule()
         if batch is None:
             if self.scheduler.waiting and not self.scheduler.running:
@@ -158,13 +175,56 @@ class Engine:
             return
         self.counters["steps"] += 1
         try:
-            out = self.runner.forward(batch.rows)
-            self._process(batch.rows, out)
+            with nvtx_range(f"step rows={len(batch.rows)} tokens={batch.num_tokens}"):
+                out = self.runner.forward(batch.rows)
+                self._process(batch.rows, out)
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             log.exception("forward step failed; failing its %d requests", len(batch.rows))
             for row in batch.rows:
                 if row.req.status is not Status.FINISHED:
                     self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
+
+    def _multi_step_ok(self, req: Request) -> bool:
+        """Rows the device can finish on its own between host syncs: greedy, and no host decision
+        (stop string, grammar, penalty, logprobs, min-token block) needed between tokens."""
+        p = req.params
+        return (
+            p.is_greedy and not p.stop and not p.stop_token_ids and req.grammar is None and not req.return_logprob
+            and not p.has_penalties and req.num_output >= p.min_new_tokens
+        )  # fmt: skip
+
+    def _budget(self, req: Request) -> int:
+        remaining = min(req.params.max_new_tokens - req.num_output, self.max_model_len - len(req.tokens))
+        return max(1, min(self.runner.multi_steps, remaining))
+
+    def _try_multi_step(self) -> bool:
+        running = self.scheduler.running
+        if not running or self.scheduler.waiting or not all(self._multi_step_ok(r) for r in running):
+            return False
+        batch = self.scheduler.schedule_decode_ahead(self._budget)
+        if batch is None:
+            return False
+        budgets = [self._budget(r.req) for r in batch.rows]
+        stop_on_eos = [not r.req.params.ignore_eos for r in batch.rows]
+        try:
+            out = self.runner.forward_multi(batch.rows, budgets, stop_on_eos)
+        except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
+            log.exception("multi-step decode failed; failing its %d requests", len(batch.rows))
+            for row in batch.rows:
+                self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
+            return True
+        if out is None:
+            return False
+        self.counters["steps"] += self.runner.multi_steps
+        now = time.monotonic()
+        for row, toks, budget in zip(batch.rows, out, budgets):
+            req = row.req
+            for j, tok in enumerate(toks[:budget]):
+                req.num_computed = row.start + j + 1  # the KV of step j's input token is in the pool now
+                self._append_token(req, tok, now)
+                if req.status is Status.FINISHED:
+                    break
+        return True
 
     def _fail_unschedulable(self) -> None:
         req = self.scheduler.waiting.popleft()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from sgjit.kernels.ops import AttentionMetadata
+from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
@@ -26,10 +27,11 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: PagedKVPool) -> None:
+    def __init__(self, model: LlamaModel, pool: PagedKVPool, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
+        self.graphs = graphs
 
     def build(
         self, rows: list[RowChunk]
@@ -86,5 +88,42 @@ class ModelRunner:
         return batch, sample_index, prompt_index
 
     def forward(self, rows: list[RowChunk]) -> StepLogits:
+        if self.graphs is not None and self._graphable(rows):
+            return self._forward_graph(rows)
         batch, sample_index, prompt_index = self.build(rows)
         return StepLogits(self.model.forward(batch, self.pool.layers), sample_index, prompt_index)
+
+    def _graphable(self, rows: list[RowChunk]) -> bool:
+        """Pure decode steps (one token a row, every row sampling) replay a captured graph."""
+        if not all(r.sample and r.end - r.start == 1 for r in rows):
+            return False
+        return self.graphs.can_run(len(rows), max(r.end for r in rows))
+
+    def _forward_graph(self, rows: list[RowChunk]) -> StepLogits:
+        ps = self.pool.page_size
+        tokens = [r.req.tokens[r.start] for r in rows]
+        positions = [r.start for r in rows]
+        slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
+        logits = self.graphs.run(tokens, positions, slots, [r.req.pages for r in rows])
+        return StepLogits(logits, {b: b for b in range(len(rows))}, {})
+
+    @property
+    def multi_steps(self) -> int:
+        return self.graphs.steps if self.graphs is not None else 1
+
+    def forward_multi(
+        self, rows: list[RowChunk], budgets: list[int], stop_on_eos: list[bool]
+    ) -> list[list[int]] | None:
+        """`multi_steps` greedy tokens a row from one multi-step graph; None when the batch does not fit
+        the graphs (the caller then takes a single step)."""
+        if self.graphs is None or not self.graphs.can_run(
+            len(rows), max(r.end for r in rows) + self.multi_steps
+        ):
+            return None
+        ps = self.pool.page_size
+        tokens = [r.req.tokens[r.start] for r in rows]
+        positions = [r.start for r in rows]
+        slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
+        return self.graphs.run_multi(
+            tokens, positions, slots, [r.req.pages for r in rows], budgets, stop_on_eos
+        )

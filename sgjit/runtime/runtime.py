@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import time
@@ -16,6 +17,7 @@ from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyErro
 from sgjit.kernels.cpu import cpu_ops
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.runtime.config import RuntimeConfig
+from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
 from sgjit.runtime.engine import Engine, EngineParts
 from sgjit.runtime.grammar import GrammarCompiler
@@ -23,6 +25,7 @@ from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import load_checkpoint
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model_runner import ModelRunner
+from sgjit.runtime.profiling import TraceWindow
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, new_request_id
 from sgjit.runtime.sampler import Sampler
@@ -81,6 +84,14 @@ class Runtime:
         )
         self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, self.pool.capacity_tokens)
         self.ops = cpu_ops(self.dtype) if self.device.type == "cpu" else REFERENCE_OPS
+        if self.device.type == "cuda" and cfg.enable_jit:
+            from sgjit.compiler.select import Workload
+            from sgjit.kernels.table import jit_ops
+
+            workload = Workload(cfg.max_running_requests, self.max_model_len, cfg.chunked_prefill_size)
+            self.ops, self.kernel_set = jit_ops(
+                self.device, mc, self.dtype, kv_dtype, cfg.page_size, workload
+            )
         self.model = LlamaModel(
             mc, ckpt.weights, self.ops, self.device, self.dtype,
             max_positions=max(self.max_model_len, mc.max_position_embeddings),
@@ -91,8 +102,14 @@ class Runtime:
         )
         cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
         sched_cfg = SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy)
+        graphs = None
+        if self.device.type == "cuda" and cfg.enable_jit:
+            graphs = DecodeGraphs(
+                self.model, self.pool, cfg.cuda_graph_max_bs, self.max_model_len, steps=cfg.multi_step,
+                eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids, capture=not cfg.disable_cuda_graph,
+            )  # fmt: skip
         return EngineParts(
-            runner=ModelRunner(self.model, self.pool),
+            runner=ModelRunner(self.model, self.pool, graphs),
             scheduler=Scheduler(self.pool, cache, sched_cfg),
             sampler=Sampler(self.ops, self.device, mc.vocab_size, cfg.seed),
             tokenizer=self.tokenizer,
@@ -311,6 +328,30 @@ class Runtime:
     def flush_cache(self) -> int:
         """Drop every prefix-cache entry that is neither pinned nor in use; returns pages freed."""
         return self.engine.call(self.engine.cache.flush)
+
+    def start_profile(self, out_dir: str | Path, name: str | None = None) -> None:
+        """Open a torch.profiler window over the engine's work (one at a time)."""
+        if getattr(self, "_trace", None) is not None:
+            raise InvalidRequestError("a profile is already being recorded; stop it first", "profile")
+        window = TraceWindow(Path(out_dir), name or time.strftime("sgjit-%Y%m%d-%H%M%S"))
+        self.engine.call(window.start)
+        self._trace = window
+
+    def stop_profile(self) -> Path:
+        """Close the window and write its Chrome trace; returns the file."""
+        window, self._trace = getattr(self, "_trace", None), None
+        if window is None:
+            raise InvalidRequestError("no profile is being recorded; start one first", "profile")
+        return self.engine.call(window.stop)
+
+    @contextlib.contextmanager
+    def profile(self, out_dir: str | Path, name: str | None = None) -> Iterator[None]:
+        """`with rt.profile("traces"): ...` records the engine's work inside the block."""
+        self.start_profile(out_dir, name)
+        try:
+            yield
+        finally:
+            self.stop_profile()
 
     def release(self, handle: PrefixHandle) -> None:
         self.engine.release(handle)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sgjit.runtime.kv_pool import PagedKVPool
@@ -105,6 +106,21 @@ class Scheduler:
             budget -= n
             rows.append(self._chunk(req, n))
         return ScheduledBatch(rows) if rows else None
+
+    def schedule_decode_ahead(self, ahead: Callable[[Request], int]) -> ScheduledBatch | None:
+        """A pure decode step for multi-step graphs: every running row decodes and nothing waits.
+        Pages for `ahead(req)` tokens a row are reserved now (evicting cache, never preempting);
+        None when that is not possible, and the caller takes a single step instead."""
+        if self.waiting or not self.running:
+            return None
+        if any(r.pending != 1 or not r.wants_tokens for r in self.running):
+            return None
+        for req in self.running:
+            need = self.pool.pages_for(req.num_computed + ahead(req)) - len(req.pages)
+            if need > 0 and not self._ensure_free(need):
+                return None
+            self._grow(req, req.num_computed + ahead(req))
+        return ScheduledBatch([RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in self.running])
 
     def _chunk(self, req: Request, n: int) -> RowChunk:
         start = req.num_computed

@@ -1,0 +1,333 @@
+"""`python -m sgjit.bench.kernels`: every CUDA kernel next to the best torch equivalent on the same
+inputs (torch SDPA on contiguous K/V for attention, the reference ops for the rest), against the
+roofline measured at the start of the same run (device-to-device copy bandwidth, bf16 GEMM peak).
+Memory-bound kernels are scored in bytes moved (each input read once, each output written once)
+over the copy bandwidth; prefill attention in causal FLOPs per second. Writes JSON (--out) and
+prints a markdown table. Times are CUDA-event medians after warm-up."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sgjit.bench.ceilings import Ceilings, measure
+from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.compiler.arch import DeviceProfile, arch_hash, device_profile
+from sgjit.compiler.select import AutotuneStore, KernelSelector, ModelShapes, Workload, decode_splits
+from sgjit.kernels import reference
+from sgjit.kernels.ops import LayerKV, SamplingTensors
+from sgjit.kernels.registry import CUDA, AttnTile, variant
+from sgjit.kernels.synthetic import paged_attention_case
+from sgjit.kernels.tune import attention_timer, median_cuda_seconds
+
+log = logging.getLogger(__name__)
+DEV = torch.device("cuda")
+BF16 = torch.bfloat16
+HQ, HKV, D, PAGE = 32, 8, 128, 16  # the Llama-3-8B attention shape of the targets
+
+
+def _shapes(kv: str = "bfloat16") -> ModelShapes:
+    return ModelShapes("bfloat16", kv, 4096, 14336, HQ, HKV, D, D, 128256, PAGE)
+
+
+def _row(kernel: str, shape: str, ours: float, torch_s: float | None, **extra: Any) -> dict[str, Any]:
+    r = {"kernel": kernel, "shape": shape, "ours_us": ours * 1e6, "torch_us": None, "speedup": None}
+    if torch_s is not None:
+        r["torch_us"] = torch_s * 1e6
+        r["speedup"] = torch_s / ours
+    return r | extra
+
+
+def _membound(row: dict, nbytes: int, seconds: float, ceil: Ceilings, target: float) -> dict:
+    gbps = nbytes / seconds / 1e9
+    pct = 100 * gbps / ceil.copy_gbps
+    return row | {"GB/s": gbps, "% copy BW": pct, "target": f">= {target:.0f}% copy BW", "met": pct >= target}
+
+
+def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
+    """B=64 rows at context 4096, 32 q / 8 kv heads, d=128, bf16 paged (page 16), every decode tile
+    and split count; torch SDPA on contiguous K/V as the baseline."""
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    b, ctx = 64, 4096
+    case = paged_attention_case([1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, BF16, DEV)
+    scale = D**-0.5
+    kv_bytes = 2 * b * ctx * HKV * D * 2
+    shapes = _shapes()
+    tiles = variant("attention", CUDA).tunables
+    results = {}
+    for tile in tiles["decode_tile"]:
+        for splits in (1, 2):
+            op = PagedAttention(
+                profile, shapes, BF16, tile, tiles["prefill_tile"][0], ctx, fixed_splits=splits
+            )
+            results[f"{tile.name}/splits{splits}"] = median_cuda_seconds(
+                lambda op=op: op(case.q, case.kv, case.meta, scale)
+            )
+    top = min(results, key=results.get)
+    top_tile, top_splits = AttnTile.parse(top.split("/")[0]), int(top.split("splits")[1])
+    for prefetch in (128,):  # the L2 prefetch hint on the K/V copies, on the fastest config
+        op = PagedAttention(
+            profile,
+            shapes,
+            BF16,
+            top_tile,
+            tiles["prefill_tile"][0],
+            ctx,
+            fixed_splits=top_splits,
+            kv_prefetch=prefetch,
+        )
+        results[f"{top}/prefetch{prefetch}"] = median_cuda_seconds(
+            lambda op=op: op(case.q, case.kv, case.meta, scale)
+        )
+    chosen = KernelSelector().select(profile, shapes)["attention"].tunables["decode_tile"]
+    heuristic = decode_splits(profile, chosen, shapes, b, ctx)
+    detail["decode_configs_us"] = {k: v * 1e6 for k, v in results.items()}
+    best_key = min(results, key=results.get)
+    chosen_key = f"{chosen.name}/splits{heuristic}"
+    if chosen_key not in results:
+        op = PagedAttention(profile, shapes, BF16, chosen, tiles["prefill_tile"][0], ctx)
+        results[chosen_key] = median_cuda_seconds(lambda: op(case.q, case.kv, case.meta, scale))
+    q4 = case.q[:, :, None, :]  # [B, Hq, 1, D]
+    k = torch.randn(b, HKV, ctx, D, device=DEV, dtype=BF16)
+    v = torch.randn_like(k)
+    ke, ve = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+    sdpa = {
+        "sdpa_gqa": lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True),
+        "sdpa_expanded": lambda: F.scaled_dot_product_attention(q4, ke, ve, scale=scale),
+    }
+    torch_times = {name: median_cuda_seconds(fn) for name, fn in sdpa.items()}
+    detail["decode_torch_us"] = {n: t * 1e6 for n, t in torch_times.items()}
+    ref_s = median_cuda_seconds(lambda: reference.attention(case.q, case.kv, case.meta, scale), reps=5)
+    torch_best = min(torch_times["sdpa_gqa"], torch_times["sdpa_expanded"])
+    for label, key in (("selected", chosen_key), ("best config", best_key)):
+        t = results.get(key, results[best_key])
+        r = _row(
+            f"decode attention ({label}: {key})", f"B={b} ctx={ctx} 32q/8kv d128 bf16 p16", t, torch_best
+        )
+        r = _membound(r, kv_bytes, t, ceil, 90)
+        r["met"] = bool(r["met"] and t < torch_best)
+        r["target"] += " and < SDPA"
+        rows.append(r)
+    rows.append(_row("decode attention, reference op (gather + SDPA)", "same", ref_s, None))
+    fp8 = paged_attention_case(
+        [1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, torch.float8_e4m3fn, DEV, kv_scale=0.5
+    )
+    fp8_times = {}
+    for tile in tiles["decode_tile"]:
+        op8 = PagedAttention(profile, _shapes("fp8_e4m3"), BF16, tile, tiles["prefill_tile"][0], ctx)
+        fp8_times[tile.name] = median_cuda_seconds(lambda op8=op8: op8(fp8.q, fp8.kv, fp8.meta, scale))
+    detail["decode_fp8_us"] = {k: v * 1e6 for k, v in fp8_times.items()}
+    name8 = min(fp8_times, key=fp8_times.get)
+    t8 = fp8_times[name8]
+    r8 = _row(f"decode attention fp8 KV (best: {name8})", "same, fp8 e4m3 pool", t8, torch_best)
+    rows.append(_membound(r8, kv_bytes // 2, t8, ceil, 90))
+
+
+def bench_prefill(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
+    """Causal self-attention of one T-token row, 32 q / 8 kv heads, d=128, bf16: every prefill tile
+    on the paged pool vs torch SDPA (flash) on contiguous K/V."""
+    for t_len in (4096, 16384):
+        _prefill_one(profile, ceil, rows, detail, t_len)
+
+
+def _prefill_one(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict, t_len: int) -> None:
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    tiles = variant("attention", CUDA).tunables
+    case = paged_attention_case([t_len], [t_len], HQ, HKV, D, PAGE, BF16, BF16, DEV)
+    flops = 4 * t_len * t_len * HQ * D / 2  # causal: half the square
+    scale = D**-0.5
+    times = {}
+    for tile in tiles["prefill_tile"]:
+        op = PagedAttention(profile, _shapes(), BF16, tiles["decode_tile"][0], tile, t_len)
+        times[tile.name] = median_cuda_seconds(lambda op=op: op(case.q, case.kv, case.meta, scale), reps=10)
+    q = case.q.transpose(0, 1)[None]  # [1, Hq, T, D]
+    k = torch.randn(1, HKV, t_len, D, device=DEV, dtype=BF16)
+    v = torch.randn_like(k)
+    ke, ve = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+    sdpa = {
+        "sdpa_gqa": lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale, enable_gqa=True
+        ),
+        "sdpa_expanded": lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=True, scale=scale),
+    }
+    torch_times = {n: median_cuda_seconds(fn, reps=10) for n, fn in sdpa.items()}
+    detail[f"prefill_{t_len}_us"] = {k_: v_ * 1e6 for k_, v_ in {**times, **torch_times}.items()}
+    torch_best = min(torch_times.values())
+    best = min(times, key=times.get)
+    chosen = tiles["prefill_tile"][0].name
+    for label, name in (("selected", chosen), ("best config", best)):
+        t = times[name]
+        r = _row(
+            f"prefill attention ({label}: {name})", f"T={t_len} causal 32q/8kv d128 bf16 p16", t, torch_best
+        )
+        rows.append(r | {
+            "TFLOP/s": flops / t / 1e12, "torch TFLOP/s": flops / torch_best / 1e12,
+            "% GEMM peak": 100 * flops / t / 1e12 / ceil.gemm_tflops,
+            "target": ">= 0.6x SDPA", "met": torch_best / t >= 0.6,
+        })  # fmt: skip
+
+
+def bench_elementwise(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
+    """RMSNorm (+residual), RoPE + KV write and SiLU-mul at 8k tokens x 4096."""
+    from sgjit.kernels.cuda.activation import SiluMul
+    from sgjit.kernels.cuda.norm import RMSNorm
+    from sgjit.kernels.cuda.rope import RopeStoreKV
+
+    n, h = 8192, 4096
+    norm = RMSNorm(BF16, "bfloat16", (h,))
+    x, r = (torch.randn(n, h, device=DEV, dtype=BF16) for _ in range(2))
+    w = torch.ones(h, device=DEV, dtype=BF16)
+    ours = median_cuda_seconds(lambda: norm.add_rmsnorm(x, r, w, 1e-5))
+    ref = median_cuda_seconds(lambda: reference.add_rmsnorm(x, r, w, 1e-5))
+    rows.append(_membound(_row("add_rmsnorm", f"{n} x {h} bf16", ours, ref), 4 * n * h * 2, ours, ceil, 80))
+    ours = median_cuda_seconds(lambda: norm.rmsnorm(x, w, 1e-5))
+    ref = median_cuda_seconds(lambda: reference.rmsnorm(x, w, 1e-5))
+    rows.append(_membound(_row("rmsnorm", f"{n} x {h} bf16", ours, ref), 2 * n * h * 2, ours, ceil, 80))
+
+    rope = RopeStoreKV(BF16, ("bfloat16", "bfloat16"), D, D)
+    qkv = torch.randn(n, (HQ + 2 * HKV) * D, device=DEV, dtype=BF16)
+    q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], -1)
+    q, k, v = q.view(n, HQ, D), k.view(n, HKV, D), v.view(n, HKV, D)
+    ang = torch.rand(n, D // 2, device=DEV) * 100
+    cos_sin = torch.cat([ang.cos(), ang.sin()], -1)
+    pool = LayerKV(*(torch.empty(n // PAGE + 1, PAGE, HKV, D, device=DEV, dtype=BF16) for _ in range(2)))
+    slots = torch.randperm(n, device=DEV) + PAGE
+    ours = median_cuda_seconds(lambda: rope(q, k, v, cos_sin, pool, slots))
+    ref = median_cuda_seconds(lambda: reference.rope_store_kv(q, k, v, cos_sin, pool, slots))
+    nbytes = n * ((HQ + 2 * HKV) * D * 2 + D * 4 + 8 + (HQ + 2 * HKV) * D * 2)
+    rows.append(
+        _membound(_row("rope_store_kv", f"{n} tok, 32q/8kv d128 bf16", ours, ref), nbytes, ours, ceil, 80)
+    )
+
+    silu = SiluMul(BF16, "bfloat16", profile.sm_count)
+    for inter in (4096, 14336):
+        g = torch.randn(n, 2 * inter, device=DEV, dtype=BF16)
+        ours = median_cuda_seconds(lambda g=g: silu(g))
+        ref = median_cuda_seconds(lambda g=g: reference.silu_mul(g))
+        rows.append(
+            _membound(_row("silu_mul", f"{n} x {inter} bf16", ours, ref), 3 * n * inter * 2, ours, ceil, 80)
+        )
+
+
+def bench_sampling(profile: DeviceProfile, rows: list) -> None:
+    from sgjit.kernels.cuda.sampling import Sampling
+
+    s = Sampling(profile.sm_count)
+    b, vocab = 64, 128256
+    logits = torch.randn(b, vocab, device=DEV) * 3
+    st = _sampling_params(b, top_p=0.9, top_k=50)
+    cases = {
+        "top-k 50, top-p 0.9, T 0.8": st,
+        "top-p 0.95": _sampling_params(b, top_p=0.95, top_k=0),
+        "top-k 40": _sampling_params(b, top_p=1.0, top_k=40),
+        "greedy": _sampling_params(b, greedy=True),
+    }
+    for label, params in cases.items():
+        ours = median_cuda_seconds(lambda params=params: s.sample(logits, params))
+        ref = median_cuda_seconds(lambda params=params: reference.sample(logits, params), reps=5)
+        rows.append(_row(f"sample ({label}, seeded)", f"B={b} V={vocab}", ours, ref))
+
+
+def _sampling_params(b: int, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> SamplingTensors:
+    f = lambda x: torch.full((b,), x, device=DEV)  # noqa: E731
+    return SamplingTensors(
+        f(0.0 if greedy else 0.8), f(top_p), torch.full((b,), top_k, dtype=torch.int32, device=DEV), f(0.0),
+        torch.arange(b, device=DEV), torch.zeros(b, dtype=torch.int64, device=DEV), greedy, list(range(b)), [0] * b,
+    )  # fmt: skip
+
+
+def kernel_resources() -> dict[str, Any]:
+    """Registers and local (spill) bytes of every compiled kernel, as the driver reports them."""
+    from sgjit.kernels.cuda.module import _modules
+
+    out = {}
+    for (family, name, defines), module in _modules.items():
+        k = module.get_function(name)
+        out[f"{family}:{name}{list(defines) if defines else ''}"] = {
+            "regs": k.num_regs,
+            "local_bytes": k.local_size_bytes,
+        }
+    return out
+
+
+def autotune_report(profile: DeviceProfile, out: str | None) -> dict[str, Any]:
+    """What autotune mode picks for the Llama-3-8B shape (its store goes beside --out)."""
+    path = (Path(out).resolve().parent if out else Path(tempfile.mkdtemp())) / "autotune_store.json"
+    sel = KernelSelector(autotune=True, timer=attention_timer, store=AutotuneStore(path))
+    ks = sel.select(profile, _shapes(), Workload(64, 4096, 4096))
+    return {"reason": ks["attention"].reason, "arch_hash": arch_hash(profile)}
+
+
+def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
+    profile = device_profile(DEV)
+    ceil = measure(DEV)
+    rows: list[dict[str, Any]] = []
+    detail: dict[str, Any] = {}
+    steps: dict[str, Callable[[], None]] = {
+        "decode": lambda: bench_decode(profile, ceil, rows, detail),
+        "prefill": lambda: bench_prefill(profile, ceil, rows, detail),
+        "elementwise": lambda: bench_elementwise(profile, ceil, rows),
+        "sampling": lambda: bench_sampling(profile, rows),
+        "autotune": lambda: detail.__setitem__("autotune", autotune_report(profile, out)),
+    }
+    for name, step in steps.items():
+        if only and name not in only:
+            continue
+        try:
+            step()
+        except Exception as e:  # one failing section must not lose the others' numbers
+            log.exception("benchmark %s failed", name)
+            detail[f"{name}_error"] = repr(e)
+        torch.cuda.empty_cache()
+    ks = KernelSelector().select(profile, _shapes())
+    result = {
+        "env": environment(), "ceilings": ceil.as_dict(), "profile": profile.as_dict(),
+        "selected": {op: {"variant": c.variant, "reason": c.reason} for op, c in ks.choices.items()},
+        "rows": rows, "detail": detail, "resources": kernel_resources(),
+    }  # fmt: skip
+    write_json(out, result)
+    return result
+
+
+COLUMNS = [
+    "kernel",
+    "shape",
+    "ours_us",
+    "torch_us",
+    "speedup",
+    "GB/s",
+    "% copy BW",
+    "TFLOP/s",
+    "torch TFLOP/s",
+    "target",
+    "met",
+]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m sgjit.bench.kernels", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the full result as JSON here")
+    ap.add_argument("--only", nargs="+", help="sections: decode prefill elementwise sampling autotune")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m sgjit.bench.kernels needs a CUDA GPU")
+    result = run(args.out, args.only)
+    c = result["ceilings"]
+    print(
+        f"\n{result['env']['gpu']}: copy {c['copy_gbps']:.0f} GB/s, bf16 GEMM {c['gemm_tflops']:.0f} TFLOP/s\n"
+    )
+    print(markdown_table(result["rows"], COLUMNS))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""`python -m sgjit.bench.latency`: one batch, prefill and decode speed of sgjit with the JIT on,
+with it off, and Hugging Face transformers `generate`, on the same model, device and dtype, in one
+run, next to the rooflines measured at the start.
+
+Method, the same for every engine: prefill (= TTFT of the batch) is the wall time of a 1-token
+generation; decode rate per sequence = (N - 1) / (time of an N-token generation - that); medians of
+--repeat rounds taken in turn, engine by engine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import torch
+
+from sgjit.bench.ceilings import Ceilings, measure
+from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
+from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.timing import interleaved, synchronizer
+from sgjit.bench.workload import synthetic_requests
+
+log = logging.getLogger(__name__)
+ENGINES = ("sgjit-jit", "sgjit", "transformers")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sgjit.bench.latency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2)")
+    p.add_argument(
+        "--model-shape", default=None, help="random weights of a real shape: llama3-8b, qwen2.5-7b, ..."
+    )
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
+    p.add_argument("--out", default=None)
+    return p
+
+
+def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) -> tuple[float, float]:
+    """(prefill seconds, decode tok/s per sequence) the hardware allows for this batch."""
+    mc = rt.model_config
+    elem = torch.empty(0, dtype=rt.dtype).element_size()
+    weights = mc.num_params() * elem
+    ctx = input_len + output_len / 2
+    kv_bytes = bs * ctx * 2 * mc.num_layers * mc.kv_size * elem
+    decode_step = (weights + kv_bytes) / (ceilings.bandwidth_gbps * 1e9)
+    flops = 2 * mc.num_params() * bs * input_len + 2 * mc.num_layers * mc.q_size * bs * input_len**2
+    peak = (ceilings.gemm_tflops or 0.0) * 1e12
+    prefill = flops / peak if peak else float("nan")
+    return prefill, 1.0 / decode_step
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.smoke:
+        args.batch_size, args.input_len, args.output_len, args.repeat = [1, 2], 8, 4, 1
+    from sgjit.runtime.runtime import Runtime
+
+    model = f"random:{args.model_shape}" if args.model_shape else args.model
+    need = max(args.batch_size) * (args.input_len + args.output_len + 32)
+    opts = dict(device=args.device, dtype=args.dtype, max_total_tokens=need, enable_prefix_cache=False)
+    runtimes = {"sgjit": Runtime(model, **opts)}
+    if "sgjit-jit" in args.engines:
+        runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
+    base = runtimes["sgjit"]
+    try:
+        ceilings = base.engine.call(lambda: measure(base.device))
+        hf = base.engine.call(lambda: load_transformers(base)) if "transformers" in args.engines else None
+        sync = synchronizer(base.device)
+        rows = []
+        for bs in args.batch_size:
+            batch = [r.input_ids for r in synthetic_requests("fixed", bs, args.input_len, 1, 32000, seed=bs)]
+            runners = {name: sgjit_runner(runtimes[name], batch) for name in args.engines if name in runtimes}
+            if hf is not None:
+                runners["transformers"] = transformers_runner(base, hf, batch)
+            times = interleaved(runners, args.output_len, args.repeat, sync)
+            prefill_roof, decode_roof = rooflines(base, ceilings, bs, args.input_len, args.output_len)
+            for name, (t1, tn) in times.items():
+                per_seq = (args.output_len - 1) / max(tn - t1, 1e-9)
+                rows.append({
+                    "engine": name, "batch": bs, "input_len": args.input_len, "output_len": args.output_len,
+                    "prefill_ms": t1 * 1000, "prefill_tok_s": bs * args.input_len / t1,
+                    "prefill_roofline_ms": prefill_roof * 1000,
+                    "decode_tok_s_per_seq": per_seq, "decode_tok_s_total": per_seq * bs,
+                    "decode_roofline_tok_s_per_seq": decode_roof, "decode_pct_of_roofline": 100 * per_seq / decode_roof,
+                })  # fmt: skip
+            peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "transformers"), None)
+            for r in rows:
+                if peer is not None and r["batch"] == bs and r is not peer:
+                    r["decode_vs_transformers"] = r["decode_tok_s_per_seq"] / peer["decode_tok_s_per_seq"]
+                    r["prefill_vs_transformers"] = peer["prefill_ms"] / r["prefill_ms"]
+    finally:
+        for rt in runtimes.values():
+            rt.shutdown()
+    result = {
+        "benchmark": "latency", "model": base.model_config.name, "device": str(base.device),
+        "dtype": str(base.dtype).removeprefix("torch."), "ceilings": ceilings.as_dict(),
+        "environment": environment(), "rows": rows,
+    }  # fmt: skip
+    print(
+        f"ceilings: {ceilings.bandwidth_gbps:.0f} GB/s, GEMM {ceilings.gemm_tflops or float('nan'):.0f} TFLOP/s on {ceilings.device}"
+    )
+    print(
+        markdown_table(
+            rows,
+            [
+                "engine",
+                "batch",
+                "prefill_ms",
+                "prefill_roofline_ms",
+                "prefill_tok_s",
+                "decode_tok_s_per_seq",
+                "decode_tok_s_total",
+                "decode_roofline_tok_s_per_seq",
+                "decode_pct_of_roofline",
+                "decode_vs_transformers",
+                "prefill_vs_transformers",
+            ],
+        )
+    )
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main()

@@ -1,0 +1,79 @@
+"""The peer every benchmark runs next to sgjit: Hugging Face transformers on the same model, device
+and dtype. Imported only when a benchmark asks for the peer (transformers is a test/bench extra,
+never a dependency of sgjit itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sgjit.runtime.model.config import ModelConfig
+
+_HF_CONFIG = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+}
+
+
+def hf_config(cfg: ModelConfig) -> Any:
+    import transformers
+
+    rope: dict[str, Any] = {"rope_type": cfg.rope.scaling_type, "rope_theta": cfg.rope.theta}
+    if cfg.rope.scaling_type == "llama3":
+        rope |= {"factor": cfg.rope.factor, "low_freq_factor": cfg.rope.low_freq_factor,
+                 "high_freq_factor": cfg.rope.high_freq_factor,
+                 "original_max_position_embeddings": cfg.rope.original_max_position}  # fmt: skip
+    return getattr(transformers, _HF_CONFIG[cfg.architecture])(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope,
+    )  # fmt: skip
+
+
+def load_transformers(rt) -> Any:
+    """The runtime's model in transformers: the same GGUF or directory, or (for `random:` shapes) a
+    model of the same shape with its own random weights (speed does not depend on them)."""
+    from transformers import AutoModelForCausalLM
+
+    path, dtype = rt.model_path, rt.dtype
+    if rt.model_config.name.startswith("random:"):
+        with torch.device(rt.device):
+            model = AutoModelForCausalLM.from_config(hf_config(rt.model_config), dtype=dtype)
+    elif path.is_file():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(rt.device).eval()
+
+
+def transformers_runner(rt, model, batch: list[list[int]]) -> Callable[[int], Any]:
+    """`generate` of exactly n new tokens for the batch (left-padded), run on sgjit's engine thread:
+    on CPU both then share one OpenMP pool (two pools in two threads slow each other, see Engine)."""
+    width = max(len(ids) for ids in batch)
+    pad = 0
+    x = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=rt.device)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=rt.device)
+
+    def gen(n: int) -> Any:
+        def run() -> Any:
+            with torch.inference_mode():
+                return model.generate(x, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      pad_token_id=pad)  # fmt: skip
+
+        return rt.engine.call(run)
+
+    return gen
+
+
+def sgjit_runner(rt, batch: list[list[int]]) -> Callable[[int], Any]:
+    def gen(n: int) -> Any:
+        return rt.generate(
+            input_ids=batch, sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+        )
+
+    return gen

@@ -1,0 +1,175 @@
+"""`python -m sgjit.bench.serving --url http://127.0.0.1:30000`: an asyncio load generator against any
+OpenAI-compatible server (sgjit or another runtime), like SGLang's bench_serving. Streams
+`/v1/completions` with synthetic prompts at a request rate (Poisson arrivals) or a fixed maximum
+concurrency, and reports TTFT, TPOT, inter-token latency and end-to-end percentiles, output tok/s
+and errors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.timing import percentiles
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    ok: bool = False
+    error: str = ""
+    start: float = 0.0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sgjit.bench.serving", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument(
+        "--model", default=None, help="model name to send (default: the server's first /v1/models entry)"
+    )
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--workload", default="fixed", choices=["fixed", "random", "sharegpt"])
+    p.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once"
+    )
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
+    p.add_argument("--out", default=None)
+    return p
+
+
+async def one_request(client, url: str, headers: dict, payload: dict, rec: RequestRecord) -> None:
+    rec.start = time.perf_counter()
+    last = rec.start
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=payload, headers=headers) as resp:
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    rec.error = str(chunk["error"])
+                    return
+                if chunk.get("usage"):
+                    rec.output_tokens = chunk["usage"].get("completion_tokens", rec.output_tokens)
+                    rec.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
+                if any(c.get("text") for c in chunk.get("choices", [])):
+                    now = time.perf_counter()
+                    if rec.ttft == 0.0:
+                        rec.ttft = now - rec.start
+                    else:
+                        rec.itl.append(now - last)
+                    last = now
+        rec.e2e = time.perf_counter() - rec.start
+        rec.ok = True
+    except Exception as e:  # noqa: BLE001 - a failed request is a counted error, not a crash
+        rec.error = f"{type(e).__name__}: {e}"
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    from sgjit.bench.workload import synthetic_requests
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(None), limits=httpx.Limits(max_connections=None)
+    ) as client:
+        model = (
+            args.model or (await client.get(f"{args.url}/v1/models", headers=headers)).json()["data"][0]["id"]
+        )
+        reqs = synthetic_requests(
+            args.workload, args.num_prompts, args.input_len, args.output_len, 30000, args.seed
+        )
+        records = [RequestRecord() for _ in reqs]
+        gate = asyncio.Semaphore(args.max_concurrency or len(reqs))
+        rng = random.Random(args.seed)
+
+        async def send(i: int) -> None:
+            r = reqs[i]
+            payload = {"model": model, "prompt": r.input_ids, "max_tokens": r.output_len, "temperature": 0.0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            async with gate:
+                await one_request(client, args.url, headers, payload, records[i])
+
+        t0 = time.perf_counter()
+        tasks = []
+        for i in range(len(reqs)):
+            tasks.append(asyncio.create_task(send(i)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+    ok = [r for r in records if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    ms = lambda d: {k: v * 1000 for k, v in d.items()}  # noqa: E731
+    row = {
+        "requests": len(records), "completed": len(ok), "errors": len(records) - len(ok),
+        "max_concurrency": args.max_concurrency, "request_rate": args.request_rate,
+        "seconds": elapsed, "output_tok_s": out_tokens / elapsed, "requests_s": len(ok) / elapsed,
+        **{f"ttft_{k}_ms": v for k, v in ms(percentiles([r.ttft for r in ok])).items()},
+        **{f"tpot_{k}_ms": v for k, v in ms(percentiles(tpot)).items()},
+        **{f"itl_{k}_ms": v for k, v in ms(percentiles([x for r in ok for x in r.itl])).items()},
+        **{f"e2e_{k}_ms": v for k, v in ms(percentiles([r.e2e for r in ok])).items()},
+    }  # fmt: skip
+    errors = sorted({r.error for r in records if not r.ok})[:5]
+    return {"benchmark": "serving", "url": args.url, "model": model, "environment": environment(),
+            "rows": [row], "error_samples": errors}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.smoke:
+        args.num_prompts, args.input_len, args.output_len = 8, 16, 8
+        args.max_concurrency = args.max_concurrency or 4
+    result = asyncio.run(run(args))
+    row = result["rows"][0]
+    print(
+        markdown_table(
+            [row],
+            [
+                "requests",
+                "completed",
+                "errors",
+                "max_concurrency",
+                "output_tok_s",
+                "ttft_p50_ms",
+                "ttft_p99_ms",
+                "tpot_p50_ms",
+                "tpot_p99_ms",
+                "itl_p50_ms",
+                "e2e_p50_ms",
+                "e2e_p99_ms",
+            ],
+        )
+    )
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main()

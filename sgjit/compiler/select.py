@@ -1,0 +1,286 @@
+"""`KernelSelector`: device profile x model shapes x workload -> `KernelSet`, per op the variant, its
+tunables and the reason. Heuristics read the device's properties (shared memory decides the tile
+configs that fit and how many blocks share an SM; the SM count and the context bound decide the
+decode split count). An autotune mode times the candidate tiles once per (arch, shape bucket) and
+stores the winners on disk. `SGJIT_KERNELS=reference` or `SGJIT_KERNELS=op=variant,...` forces
+choices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sgjit.compiler.arch import DeviceProfile, arch_hash
+from sgjit.errors import SgjitError
+from sgjit.kernels.ops import OpTable
+from sgjit.kernels.registry import (
+    CUDA,
+    DECODE_PREFERENCE,
+    REFERENCE,
+    TORCH_ONLY_REASON,
+    VARIANTS,
+    AttnTile,
+    variant,
+)
+from sgjit.settings import env
+
+log = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_DTYPE_NAMES[torch.float8_e4m3fn] = "fp8_e4m3"
+MAX_DECODE_SPLITS = 32
+INFLIGHT_PER_SM = 48 * 1024
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShapes:
+    """What the kernels are specialised on."""
+
+    dtype: str  # "bfloat16" | "float16" | "float32"
+    kv_dtype: str  # the dtype names above or "fp8_e4m3"
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_dim: int
+    vocab: int
+    page_size: int
+    qk_norm: bool = False
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def kv_bytes(self) -> int:
+        return 1 if self.kv_dtype == "fp8_e4m3" else 2
+
+    @classmethod
+    def from_config(cls, mc: Any, dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int) -> ModelShapes:
+        return cls(
+            dtype=dtype_name(dtype), kv_dtype=dtype_name(kv_dtype), hidden=mc.hidden_size,
+            intermediate=mc.intermediate_size, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim, rope_dim=mc.rope.dim or mc.head_dim, vocab=mc.vocab_size,
+            page_size=page_size, qk_norm=mc.qk_norm,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Static bounds of the steps to serve (the runtime's limits, or a graph bucket's)."""
+
+    max_batch: int = 256  # rows in a decode step
+    max_context: int = 8192  # longest row's KV length: bounds the decode split count
+    max_prefill_tokens: int = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    variant: str
+    tunables: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSet:
+    choices: Mapping[str, KernelChoice]
+    shapes: ModelShapes
+    workload: Workload
+
+    def __getitem__(self, op: str) -> KernelChoice:
+        return self.choices[op]
+
+    def describe(self) -> str:
+        lines = []
+        for op, c in self.choices.items():
+            knobs = ", ".join(f"{k}={getattr(v, 'name', v)}" for k, v in c.tunables.items())
+            lines.append(f"{op}: {c.variant}{' (' + knobs + ')' if knobs else ''} — {c.reason}")
+        return "\n".join(lines)
+
+
+def decode_splits(
+    profile: DeviceProfile, tile: AttnTile, shapes: ModelShapes, batch: int, max_context: int
+) -> int:
+    """Splits of each row's keys in a decode step: the fewest that give every SM enough CTAs to keep
+    ~48 KB of K/V in flight (what HBM needs to stay busy), but never more CTAs than fit at once (a
+    second, partial wave leaves SMs idle: measured on the H200), no split shorter than two tiles of
+    the context bound, at most 32. Depends only on static values (batch, bound), so a captured
+    graph's grid stays valid."""
+    m_tiles = -(-shapes.group // tile.bm)
+    ctas = batch * shapes.num_kv_heads * m_tiles
+    resident = max(1, tile.blocks_per_sm(profile, shapes.head_dim, shapes.kv_bytes))
+    per_sm = min(resident, -(-INFLIGHT_PER_SM // tile.inflight_bytes(shapes.head_dim, shapes.kv_bytes)))
+    want = -(-profile.sm_count * per_sm // ctas)
+    if ctas * want > profile.sm_count * resident:  # would spill into a second wave
+        want = max(1, profile.sm_count * resident // ctas)
+    by_context = max(1, max_context // (2 * tile.bn))
+    return max(1, min(want, by_context, MAX_DECODE_SPLITS))
+
+
+def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnTile, AttnTile, str]:
+    """The preferred decode tile with two resident CTAs per SM and the first prefill tile that fits."""
+    d, kvb = shapes.head_dim, shapes.kv_bytes
+    vt = variant("attention", CUDA)
+    tiles = {t.name: t for t in vt.tunables["decode_tile"]}
+    ordered = [tiles[n] for n in DECODE_PREFERENCE[kvb]]
+    dec = [t for t in ordered if t.blocks_per_sm(profile, d, kvb) >= 2 and t.fits(profile, d, kvb)]
+    pre = [
+        t
+        for t in vt.tunables["prefill_tile"]
+        if t.fits(profile, d, kvb) and t.blocks_per_sm(profile, d, kvb) >= 1
+    ]
+    if not dec:
+        dec = [t for t in ordered if t.fits(profile, d, kvb)]
+    if not dec or not pre:
+        raise _Unfit(f"no attention tile fits {profile.smem_per_block_optin // 1024} KB of shared memory")
+    why = (
+        f"decode {dec[0].name} ({dec[0].smem_bytes(d, kvb) // 1024} KB smem, "
+        f"{dec[0].blocks_per_sm(profile, d, kvb)} CTAs/SM of {profile.smem_per_sm // 1024} KB), "
+        f"prefill {pre[0].name} ({pre[0].smem_bytes(d, kvb) // 1024} KB); splits from {profile.sm_count} SMs"
+    )
+    return dec[0], pre[0], why
+
+
+class _Unfit(Exception):
+    """A variant's heuristics found no tunable setting for this device."""
+
+
+def _parse_overrides(spec: str) -> dict[str, str]:
+    """SGJIT_KERNELS: "auto" | "reference" | "op=variant,...". Unknown names are an error that
+    lists the valid ones."""
+    spec = spec.strip()
+    if spec in ("", "auto"):
+        return {}
+    if spec in (REFERENCE, CUDA):
+        return {op: spec for op in OpTable.names()}
+    out = {}
+    for item in spec.split(","):
+        op, sep, name = item.strip().partition("=")
+        if not sep or op not in VARIANTS:
+            raise SgjitError(f"SGJIT_KERNELS item {item!r} is not op=variant with op in {sorted(VARIANTS)}")
+        variant(op, name)  # raises on an unknown variant
+        out[op] = name
+    return out
+
+
+class AutotuneStore:
+    """Winners of autotuning, one JSON file: key -> tile name. Keys carry the arch hash, so a new
+    device, driver or kernel source starts fresh."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or env().cache_dir / "autotune.json"
+
+    def load(self) -> dict[str, str]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, key: str) -> str | None:
+        return self.load().get(key)
+
+    def put(self, key: str, value: str) -> None:
+        data = self.load()
+        data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
+
+# (profile, shapes, workload, knob, candidate) -> seconds for one representative step.
+Timer = Callable[[DeviceProfile, ModelShapes, Workload, str, AttnTile], float]
+
+
+def shape_bucket(shapes: ModelShapes, workload: Workload, knob: str) -> str:
+    """What a tuning result is valid for: the kernel's template shape and the workload's scale
+    rounded to powers of two."""
+    scale = workload.max_batch if knob == "decode_tile" else workload.max_prefill_tokens
+    return (
+        f"{shapes.dtype}/{shapes.kv_dtype}/d{shapes.head_dim}/g{shapes.group}/kv{shapes.num_kv_heads}"
+        f"/p{shapes.page_size}/{knob}/{2 ** math.ceil(math.log2(max(1, scale)))}"
+        f"/c{2 ** math.ceil(math.log2(max(1, workload.max_context)))}"
+    )
+
+
+class KernelSelector:
+    def __init__(
+        self, autotune: bool = False, timer: Timer | None = None, store: AutotuneStore | None = None
+    ):
+        self.autotune = autotune
+        self.timer = timer
+        self.store = store or AutotuneStore()
+
+    def select(
+        self, profile: DeviceProfile, shapes: ModelShapes, workload: Workload | None = None
+    ) -> KernelSet:
+        workload = workload or Workload()
+        forced = _parse_overrides(env().kernels)
+        choices = {op: self._choose(op, profile, shapes, workload, forced.get(op)) for op in OpTable.names()}
+        return KernelSet(choices, shapes, workload)
+
+    def _choose(
+        self, op: str, profile: DeviceProfile, shapes: ModelShapes, workload: Workload, forced: str | None
+    ) -> KernelChoice:
+        if op in TORCH_ONLY_REASON:
+            return KernelChoice(REFERENCE, {}, TORCH_ONLY_REASON[op])
+        if forced == REFERENCE:
+            return KernelChoice(REFERENCE, {}, "forced by SGJIT_KERNELS")
+        rejected = []
+        for v in VARIANTS[op]:
+            if v.name == REFERENCE or (forced is not None and v.name != forced):
+                continue
+            why_not = v.unsupported(profile, shapes.dtype, shapes.kv_dtype, shapes.head_dim)
+            if why_not is None:
+                try:
+                    tunables, why = self._tune(op, profile, shapes, workload)
+                except _Unfit as e:
+                    why_not = str(e)
+                else:
+                    origin = "forced by SGJIT_KERNELS; " if forced else ""
+                    return KernelChoice(v.name, tunables, origin + (why or v.doc))
+            rejected.append(f"{v.name}: {why_not}")
+        return KernelChoice(REFERENCE, {}, "; ".join(rejected) or "no kernel variant")
+
+    def _tune(
+        self, op: str, profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+    ) -> tuple[dict[str, Any], str]:
+        if op != "attention":
+            return {}, ""
+        dec, pre, why = _attention_tiles(profile, shapes)
+        tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre}
+        if self.autotune:
+            for knob in ("decode_tile", "prefill_tile"):
+                tunables[knob], how = self._autotuned(profile, shapes, workload, knob, tunables[knob])
+                why += f"; {knob} {how}"
+        return tunables, why
+
+    def _autotuned(
+        self, profile: DeviceProfile, shapes: ModelShapes, workload: Workload, knob: str, default: AttnTile
+    ) -> tuple[AttnTile, str]:
+        key = f"{arch_hash(profile)}/{shape_bucket(shapes, workload, knob)}"
+        stored = self.store.get(key)
+        if stored is not None:
+            return AttnTile.parse(stored), f"{stored} (autotuned, stored)"
+        if self.timer is None:
+            return default, "heuristic (autotune has no timer on this device)"
+        d, kvb = shapes.head_dim, shapes.kv_bytes
+        candidates = [t for t in variant("attention", CUDA).tunables[knob] if t.fits(profile, d, kvb)]
+        times = {t: self.timer(profile, shapes, workload, knob, t) for t in candidates}
+        best = min(times, key=times.get)
+        self.store.put(key, best.name)
+        summary = ", ".join(f"{t.name} {s * 1e6:.0f} us" for t, s in times.items())
+        log.info("autotuned %s for %s: %s", knob, key, summary)
+        return best, f"{best.name} (autotuned: {summary})"

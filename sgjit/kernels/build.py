@@ -1,0 +1,178 @@
+"""`python -m sgjit.kernels.build --check`: compile every registered kernel instantiation with the
+machine's nvcc for sm_80 and sm_90, so a template that no longer compiles fails CI without a GPU.
+Exit status 1 names each instantiation that failed; `--resources` prints ptxas's registers, spills
+and shared memory per kernel (the first thing to read when a kernel is slow)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from sgjit.compiler.select import ModelShapes
+from sgjit.kernels.cuda.activation import silu_mul_name
+from sgjit.kernels.cuda.attention import attention_name, merge_name
+from sgjit.kernels.cuda.norm import norm_name
+from sgjit.kernels.cuda.rope import rope_name
+from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
+from sgjit.kernels.registry import CUDA, HALF_DTYPES, variant
+from sgjit.kernels.sources import family_source
+from sgjit.runtime.model.shapes import MODEL_SHAPES
+
+ARCHS = ("sm_80", "sm_90")
+
+
+def _shapes(dtype: str, kv: str, head_dim: int, group: int, page: int) -> ModelShapes:
+    return ModelShapes(dtype, kv, 0, 0, group * 2, 2, head_dim, head_dim, 0, page)
+
+
+def instantiations(full: bool = False) -> dict[str, list[str]]:
+    """family -> name expressions. The default set: every dtype x KV dtype x (head_dim, group) of the
+    recorded model shapes at the preferred tiles, and every tile once; `full` adds the whole
+    product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from)."""
+    dtypes = sorted(HALF_DTYPES)
+    kvs = ("same", "fp8_e4m3")
+    dims_groups = sorted({(c.head_dim, c.num_heads // c.num_kv_heads) for c in MODEL_SHAPES.values()})
+    tiles = variant("attention", CUDA).tunables
+    decode, prefill = tiles["decode_tile"], tiles["prefill_tile"]
+    pages = (16,)
+    if full:
+        dims_groups = [(d, g) for d in (64, 128) for g in range(1, 9)]
+        pages = (16, 32, 64)
+    attn = set()
+    for dt, kv, (d, g), page in itertools.product(dtypes, kvs, dims_groups, pages):
+        shapes = _shapes(dt, dt if kv == "same" else kv, d, g, page)
+        chosen = (decode + prefill) if full else (decode[0], prefill[0])
+        attn |= {attention_name(shapes, t) for t in chosen}
+        attn.add(merge_name(shapes))
+    base = _shapes("bfloat16", "bfloat16", 128, 4, 16)
+    attn |= {attention_name(base, t) for t in decode + prefill}
+    widths = sorted({c.hidden_size for c in MODEL_SHAPES.values()} | {64, 128})
+    kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]
+    return {
+        "norm": sorted({norm_name(dt, w, add) for dt in dtypes for w in widths for add in (False, True)}),
+        "activation": [silu_mul_name(dt) for dt in dtypes],
+        "rope": sorted({rope_name(dt, kv, d, d) for dt, kv in kv_pairs for d in (64, 128)}),
+        "attention": sorted(attn),
+        "sampling": list(SAMPLING_NAMES),
+    }
+
+
+@dataclass(slots=True)
+class Result:
+    family: str
+    arch: str
+    names: list[str]
+    ok: bool
+    log: str
+    seconds: float
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc")):
+        if cand and Path(cand).exists():
+            return cand
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    path = Path(home) / "bin" / "nvcc"
+    return str(path) if path.exists() else None
+
+
+def compile_unit(nvcc: str, family: str, names: list[str], arch: str, resources: bool) -> Result:
+    """One nvcc run over a family's source with each name expression instantiated (taking a
+    kernel's address makes nvcc emit it, as NVRTC's name expressions do)."""
+    refs = "\n".join(f"static void* const sgjit_inst_{i} = (void*)&{n};" for i, n in enumerate(names))
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / f"{family}.cu"
+        src.write_text(family_source(family) + "\n" + refs + "\n")
+        cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-diag-suppress", "177", "-o", str(src.with_suffix(".cubin")), str(src)]  # fmt: skip
+        if resources:
+            cmd.insert(1, "-Xptxas=-v")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    return Result(
+        family, arch, names, proc.returncode == 0, proc.stdout + proc.stderr, time.perf_counter() - t0
+    )
+
+
+def resource_lines(log: str) -> list[str]:
+    """ptxas -v output as one line per kernel: registers, spills, shared memory."""
+    lines, name = [], None
+    spill = ""
+    for line in log.splitlines():
+        if m := re.search(r"Compiling entry function '(\S+)'", line):
+            name = m.group(1)
+        elif m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            spill = f"spill {m.group(1)}/{m.group(2)} B"
+        elif (m := re.search(r"Used (\d+) registers", line)) and name:
+            smem = re.search(r"(\d+) bytes smem", line)
+            lines.append(
+                f"  {m.group(1):>3} regs  {spill:<18} {smem.group(1) if smem else 0:>6} B smem  {name}"
+            )
+            name, spill = None, ""
+    return lines
+
+
+def check(
+    archs: tuple[str, ...],
+    full: bool,
+    jobs: int,
+    resources: bool,
+    extra: list[str],
+    families: list[str] | None,
+) -> int:
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("nvcc not found (set NVCC or CUDA_HOME)", file=sys.stderr)
+        return 2
+    units = {f: names for f, names in instantiations(full).items() if not families or f in families}
+    for item in extra:
+        family, _, name = item.partition(":")
+        units.setdefault(family, []).append(name)
+    todo = [(f, names, a) for f, names in units.items() for a in archs]
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        results = list(pool.map(lambda t: compile_unit(nvcc, *t, resources), todo))
+        # A family that failed is recompiled one instantiation at a time to name the culprits.
+        retry = [(r.family, [n], r.arch) for r in results if not r.ok and len(r.names) > 1 for n in r.names]
+        singles = list(pool.map(lambda t: compile_unit(nvcc, *t, False), retry))
+    failed = [r for r in results if not r.ok and len(r.names) == 1] + [r for r in singles if not r.ok]
+    for r in results:
+        status = "ok" if r.ok else "FAILED"
+        print(f"{r.family:<11} {r.arch}  {len(r.names):>3} instantiations  {r.seconds:5.1f} s  {status}")
+        if resources and r.ok:
+            print("\n".join(resource_lines(r.log)))
+    for r in failed:
+        errors = [ln for ln in r.log.splitlines() if "error" in ln.lower()][:5]
+        print(f"FAILED {r.family}.cu {r.arch}: {r.names[0]}\n  " + "\n  ".join(errors), file=sys.stderr)
+    if any(not r.ok for r in results) and not failed:  # a family failing as a whole only
+        print("FAILED: " + ", ".join(f"{r.family}.cu {r.arch}" for r in results if not r.ok), file=sys.stderr)
+        return 1
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sgjit.kernels.build", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="compile every registered instantiation")
+    ap.add_argument("--arch", nargs="+", default=list(ARCHS), help="targets (default sm_80 sm_90)")
+    ap.add_argument("--full", action="store_true", help="the whole dtype x head_dim x group x page product")
+    ap.add_argument("--resources", action="store_true", help="print registers / spills / smem per kernel")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--families", nargs="+", help="only these families (default all)")
+    ap.add_argument("--extra", action="append", default=[], help="family:name_expression to add")
+    args = ap.parse_args(argv)
+    if not args.check:
+        ap.print_help()
+        return 2
+    return check(tuple(args.arch), args.full, args.jobs, args.resources, args.extra, args.families)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Paged attention (attention.cu): one decode instantiation, one prefill/mixed instantiation and the
+split merge, all specialised on (dtype, KV dtype, head_dim, GQA group, page size, tile).
+
+Decode steps launch a grid that depends only on the batch size and a static context bound (the
+split count), never on this step's lengths, so a captured CUDA graph replays for any lengths.
+Prefill and mixed steps (not graph-captured) build a work list of (row, m tile) on the host, longest
+first, once per step's metadata and shared by every layer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sgjit.compiler.arch import DeviceProfile
+from sgjit.compiler.select import ModelShapes, decode_splits
+from sgjit.kernels import reference
+from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
+from sgjit.kernels.ops import AttentionMetadata, LayerKV
+from sgjit.kernels.registry import AttnTile
+from sgjit.kernels.sources import CPP_TYPES
+
+LOG2E = 1.0 / math.log(2.0)
+MERGE_BLOCK = 256
+MAX_GRID_Y = 65535
+
+
+def attention_name(shapes: ModelShapes, tile: AttnTile) -> str:
+    t = tile
+    return (
+        f"attention_kernel<{CPP_TYPES[shapes.dtype]}, {CPP_TYPES[shapes.kv_dtype]}, {shapes.head_dim}, "
+        f"{shapes.group}, {shapes.page_size}, {t.mw}, {t.wm}, {t.wn}, {t.bn}, {t.stages}>"
+    )
+
+
+def merge_name(shapes: ModelShapes) -> str:
+    return f"merge_splits_kernel<{CPP_TYPES[shapes.dtype]}, {shapes.head_dim}>"
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Launch shape of one step (cached per metadata object, i.e. per step)."""
+
+    meta: AttentionMetadata
+    kernel: object
+    tile: AttnTile
+    grid: tuple[int, int, int]
+    work: torch.Tensor | None
+    m_tiles: int
+
+
+class PagedAttention:
+    def __init__(
+        self,
+        profile: DeviceProfile,
+        shapes: ModelShapes,
+        dtype: torch.dtype,
+        decode_tile: AttnTile,
+        prefill_tile: AttnTile,
+        max_context: int,
+        fixed_splits: int | None = None,
+        kv_prefetch: int = 0,
+    ) -> None:
+        self.profile, self.shapes, self.dtype = profile, shapes, dtype
+        self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
+        self.max_context = max_context
+        self.fixed_splits = fixed_splits  # decode split count set by hand (benchmarks, tests)
+        names = [
+            attention_name(shapes, decode_tile),
+            attention_name(shapes, prefill_tile),
+            merge_name(shapes),
+        ]
+        defines = (f"SGJIT_KV_L2_PREFETCH={kv_prefetch}",) if kv_prefetch else ()
+        kernels = compile_kernels("attention", sorted(set(names)), defines)
+        self.decode_kernel, self.prefill_kernel = kernels[names[0]], kernels[names[1]]
+        self.merge_kernel = kernels[names[2]]
+        for kern, tile in ((self.decode_kernel, decode_tile), (self.prefill_kernel, prefill_tile)):
+            allow_smem(kern, tile.smem_bytes(shapes.head_dim, shapes.kv_bytes))
+        self._plan: _Plan | None = None
+
+    def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
+        """Decode split count for a batch size and a static context bound (a graph bucket's)."""
+        if self.fixed_splits is not None:
+            return self.fixed_splits
+        return decode_splits(
+            self.profile, self.decode_tile, self.shapes, batch, max_context or self.max_context
+        )
+
+    def _plan_for(self, meta: AttentionMetadata) -> _Plan:
+        if self._plan is not None and self._plan.meta is meta:
+            return self._plan
+        g, hkv = self.shapes.group, self.shapes.num_kv_heads
+        if meta.is_decode:
+            tile = self.decode_tile
+            m_tiles = -(-g // tile.bm)
+            grid = (hkv, meta.num_rows * m_tiles, self.splits_for_batch(meta.num_rows))
+            plan = _Plan(meta, self.decode_kernel, tile, grid, None, m_tiles)
+        else:
+            tile = self.prefill_tile
+            qo, kvl = meta.qo_indptr_host, meta.kv_lens_host
+            items = []  # (keys to visit, row, m tile): the heaviest tiles start first
+            for b in range(meta.num_rows):
+                q_len = qo[b + 1] - qo[b]
+                for mt in range(-(-q_len * g // tile.bm)):
+                    last_token = min(q_len - 1, ((mt + 1) * tile.bm - 1) // g)
+                    items.append((kvl[b] - q_len + last_token, b, mt))
+            items.sort(key=lambda it: -it[0])
+            work = torch.tensor(
+                [[b, mt] for _, b, mt in items], dtype=torch.int32, device=meta.qo_indptr.device
+            )
+            ctas = len(items) * hkv
+            splits = 1
+            if 0 < ctas < self.profile.sm_count:  # few long rows: split their keys too
+                splits = max(
+                    1, min(-(-2 * self.profile.sm_count // ctas), meta.max_kv_len // (4 * tile.bn), 16)
+                )
+            plan = _Plan(meta, self.prefill_kernel, tile, (hkv, len(items), splits), work, 1)
+        self._plan = plan
+        return plan
+
+    def __call__(self, q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        s = self.shapes
+        if (
+            q.dtype != self.dtype or q.shape[-1] != s.head_dim or meta.page_size != s.page_size
+            or q.shape[1] != s.num_heads or q.stride(-1) != 1 or q.stride(1) != s.head_dim
+            or kv.k.dtype != kv.v.dtype or not kv.k.is_contiguous() or not kv.v.is_contiguous()
+            or meta.page_table.dtype != torch.int32 or not meta.page_table.is_contiguous()
+        ):  # fmt: skip
+            return reference.attention(q, kv, meta, scale)
+        plan = self._plan_for(meta)
+        n, hq, d = q.shape
+        out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
+        splits = plan.grid[2]
+        part_o = part_lse = None
+        if splits > 1:
+            part_o = torch.empty((splits, n, hq, d), dtype=torch.float32, device=q.device)
+            part_lse = torch.empty((splits, n, hq), dtype=torch.float32, device=q.device)
+        table = meta.page_table
+        hkv, items, _ = plan.grid
+        for base in range(0, items, MAX_GRID_Y):  # one launch unless a prefill has > 65535 m tiles
+            launch(
+                plan.kernel, (hkv, min(MAX_GRID_Y, items - base), splits), plan.tile.threads,
+                (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
+                 ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(plan.work), np.int32(base), np.int32(plan.m_tiles),
+                 ptr(out), ptr(part_o), ptr(part_lse), np.int32(n), np.int32(s.num_kv_heads),
+                 np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale)),
+                plan.tile.smem_bytes(d, s.kv_bytes),
+            )  # fmt: skip
+        if splits > 1:
+            rows = n * hq
+            launch(
+                self.merge_kernel, (-(-rows * (d // 4) // MERGE_BLOCK),), MERGE_BLOCK,
+                (ptr(part_o), ptr(part_lse), ptr(out), np.int32(rows), np.int32(splits)),
+            )  # fmt: skip
+        return out

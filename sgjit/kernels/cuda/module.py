@@ -1,0 +1,92 @@
+"""Compiling kernel families with NVRTC through CuPy and launching them on torch's stream.
+
+Compiled modules are cached in memory here and on disk by CuPy's kernel cache, whose directory is
+put under the sgjit cache dir (`SGJIT_CACHE_DIR/cupy`) so a new process loads cubins instead of
+paying NVRTC again. CuPy picks `-arch=sm_XY` from the current device. Launches go on
+`torch.cuda.current_stream()` through a CuPy `ExternalStream`, with raw `data_ptr()`s and numpy
+scalars as arguments — no CuPy arrays, no allocation, so every launch can be captured in a CUDA
+graph."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sgjit.errors import KernelError
+from sgjit.kernels.sources import family_source
+from sgjit.settings import env
+
+log = logging.getLogger(__name__)
+
+COMPILE_OPTIONS = ("-std=c++17",)
+_modules: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+_streams: dict[int, Any] = {}
+_lock = threading.Lock()
+
+
+def cupy_module() -> Any:
+    """Import CuPy with its kernel cache under the sgjit cache dir. Raises KernelError when CuPy
+    is not installed (the caller then keeps the reference ops)."""
+    if "cupy" not in sys.modules:
+        os.environ.setdefault("CUPY_CACHE_DIR", str(env().cache_dir / "cupy"))
+    try:
+        import cupy
+    except ImportError as e:
+        raise KernelError("CuPy is not installed (pip install 'sgjit[cuda13]'); using torch ops") from e
+    return cupy
+
+
+def compile_kernels(family: str, names: Sequence[str], defines: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The kernels `names` (C++ name expressions) of one family, compiled for the current device,
+    one module per instantiation so ops that share one (and later processes, through CuPy's disk
+    cache) reuse it; `defines` are NAME=VALUE macros. Raises KernelError naming the instantiation
+    when NVRTC or the load fails."""
+    cupy = cupy_module()
+    options = COMPILE_OPTIONS + tuple(f"-D{d}" for d in defines)
+    kernels = {}
+    with _lock:
+        for name in names:
+            key = (family, name, defines)
+            try:
+                module = _modules.get(key)
+                if module is None:
+                    module = cupy.RawModule(
+                        code=family_source(family), options=options, name_expressions=[name]
+                    )
+                kernels[name] = module.get_function(name)
+            except Exception as e:  # CompileException, CUDADriverError, ...
+                raise KernelError(f"compiling {family}.cu [{name}] failed: {e}") from e
+            _modules[key] = module
+    return kernels
+
+
+def allow_smem(kernel: Any, nbytes: int) -> None:
+    """Raise a kernel's dynamic shared memory limit (needed above 48 KB)."""
+    if nbytes > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+def current_stream() -> Any:
+    """torch's current stream as a CuPy stream (cached per stream handle)."""
+    handle = torch.cuda.current_stream().cuda_stream
+    s = _streams.get(handle)
+    if s is None:
+        s = _streams[handle] = cupy_module().cuda.ExternalStream(handle)
+    return s
+
+
+def ptr(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def launch(kernel: Any, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
+    if min(grid) <= 0:
+        return
+    kernel(grid, (block,), args, shared_mem=smem, stream=current_stream())

@@ -1,0 +1,209 @@
+"""Every kernel variant of every op, with what it needs of the device and the model (minimum compute
+capability, dtypes, head dims, shared memory) and the tunables the selector may set. The reference
+variant (torch) of each op always qualifies; it is what a failed kernel falls back to."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sgjit.compiler.arch import DeviceProfile
+from sgjit.kernels.ops import OpTable
+
+REFERENCE = "reference"
+CUDA = "cuda"
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
+KV_DTYPES = frozenset({"float16", "bfloat16", "fp8_e4m3"})
+
+
+@dataclass(frozen=True, slots=True)
+class AttnTile:
+    """One tiling of the attention kernel: WM x WN warps, MW m16 blocks per warp along the packed
+    (token, head) rows, BN keys per tile split over WN warps, STAGES-deep copy ring."""
+
+    mw: int
+    wm: int
+    wn: int
+    bn: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"m{self.mw}x{self.wm}n{self.wn}b{self.bn}s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    @property
+    def bm(self) -> int:
+        return 16 * self.mw * self.wm
+
+    def smem_bytes(self, head_dim: int, kv_bytes: int) -> int:
+        """Dynamic shared memory, laid out as attention.cu lays it out: the Q tile, then the K/V
+        ring (plus the widened tiles of an fp8 pool), which the WN-way merge reuses at the end."""
+        q = self.bm * head_dim * 2
+        ring = self.stages * 2 * self.bn * head_dim * kv_bytes
+        widened = 2 * self.bn * head_dim * 2 if kv_bytes == 1 else 0
+        merge = self.wn * self.bm * (head_dim + 2) * 4 if self.wn > 1 else 0
+        return q + max(ring + widened, merge)
+
+    def fits(self, profile: DeviceProfile, head_dim: int, kv_bytes: int) -> bool:
+        return self.smem_bytes(head_dim, kv_bytes) <= profile.smem_per_block_optin
+
+    def inflight_bytes(self, head_dim: int, kv_bytes: int) -> int:
+        """K/V bytes one CTA has in flight while it computes (the tiles its ring prefetches)."""
+        return (self.stages - 1) * 2 * self.bn * head_dim * kv_bytes
+
+    def blocks_per_sm(self, profile: DeviceProfile, head_dim: int, kv_bytes: int) -> int:
+        """Resident CTAs per SM as shared memory allows (1 KB per block is reserved by the driver)."""
+        need = self.smem_bytes(head_dim, kv_bytes) + 1024
+        by_smem = profile.smem_per_sm // need
+        by_threads = profile.max_threads_per_sm // self.threads
+        return max(0, min(by_smem, by_threads))
+
+    @classmethod
+    def parse(cls, name: str) -> AttnTile:
+        """Inverse of `name` (for overrides and stored autotuning results)."""
+        m = re.fullmatch(r"m(\d+)x(\d+)n(\d+)b(\d+)s(\d+)", name)
+        if not m:
+            raise ValueError(f"not an attention tile name: {name!r} (e.g. m1x1n4b64s3)")
+        return cls(*(int(g) for g in m.groups()))
+
+
+# Decode: one m16 block (a row's G heads), keys spread over the warps.
+DECODE_TILES = (
+    AttnTile(1, 1, 2, 32, 2),
+    AttnTile(1, 1, 2, 32, 3),
+    AttnTile(1, 1, 2, 64, 2),
+    AttnTile(1, 1, 4, 64, 2),
+    AttnTile(1, 1, 4, 64, 3),
+    AttnTile(1, 1, 4, 128, 2),
+)
+# Preference among the decode tiles that fit, by KV element size, from the H200 sweeps of
+# docs/performance.md (B=64, ctx 4096, Llama-3-8B heads): small 2-warp CTAs, many resident per SM,
+# stream the pool fastest (bf16 253 us, fp8 254 us; 4-warp tiles 254-295 us).
+DECODE_PREFERENCE = {
+    2: ("m1x1n2b32s2", "m1x1n2b32s3", "m1x1n4b64s3", "m1x1n2b64s2", "m1x1n4b64s2", "m1x1n4b128s2"),
+    1: ("m1x1n2b32s3", "m1x1n2b32s2", "m1x1n4b64s3", "m1x1n4b64s2", "m1x1n2b64s2", "m1x1n4b128s2"),
+}
+
+# MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
+# price of ~250 registers a thread.
+PREFILL_TILES = (
+    AttnTile(1, 4, 1, 64, 2),
+    AttnTile(1, 4, 1, 64, 3),
+    AttnTile(1, 8, 1, 64, 2),
+    AttnTile(2, 4, 1, 32, 3),
+    AttnTile(2, 4, 1, 64, 2),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    op: str
+    name: str
+    family: str | None  # kernel source family; None for torch
+    min_cc: tuple[int, int] = (0, 0)
+    dtypes: frozenset[str] | None = HALF_DTYPES  # None = any
+    kv_dtypes: frozenset[str] | None = KV_DTYPES
+    head_dims: frozenset[int] | None = None
+    tunables: Mapping[str, tuple] = field(default_factory=dict)  # knob -> candidates
+    doc: str = ""
+
+    def unsupported(self, profile: DeviceProfile, dtype: str, kv_dtype: str, head_dim: int) -> str | None:
+        """Why this variant cannot serve (None when it can)."""
+        if self.name == REFERENCE:
+            return None
+        if not profile.is_cuda:
+            return "needs a CUDA device"
+        if profile.compute_capability < self.min_cc:
+            return f"needs compute capability >= {self.min_cc[0]}.{self.min_cc[1]}"
+        if self.dtypes is not None and dtype not in self.dtypes:
+            return f"dtype {dtype} unsupported (has {sorted(self.dtypes)})"
+        if self.kv_dtypes is not None and kv_dtype not in self.kv_dtypes:
+            return f"KV dtype {kv_dtype} unsupported"
+        if self.head_dims is not None and head_dim not in self.head_dims:
+            return f"head_dim {head_dim} unsupported (has {sorted(self.head_dims)})"
+        return None
+
+
+def _reference(op: str) -> Variant:
+    return Variant(op, REFERENCE, None, dtypes=None, kv_dtypes=None, doc="torch (reference.py)")
+
+
+VARIANTS: dict[str, tuple[Variant, ...]] = {
+    "rmsnorm": (
+        Variant("rmsnorm", CUDA, "norm", (8, 0), doc="one pass, row in registers"),
+        _reference("rmsnorm"),
+    ),
+    "add_rmsnorm": (
+        Variant("add_rmsnorm", CUDA, "norm", (8, 0), doc="residual add fused, one pass"),
+        _reference("add_rmsnorm"),
+    ),
+    "rope_store_kv": (
+        Variant(
+            "rope_store_kv",
+            CUDA,
+            "rope",
+            (8, 0),
+            head_dims=frozenset({64, 128, 256}),
+            doc="rotate q,k and write k,v into the paged pool in one pass",
+        ),
+        _reference("rope_store_kv"),
+    ),  # fmt: skip
+    "attention": (
+        Variant(
+            "attention",
+            CUDA,
+            "attention",
+            (8, 0),
+            head_dims=frozenset({64, 128}),
+            tunables={"decode_tile": DECODE_TILES, "prefill_tile": PREFILL_TILES},
+            doc="paged FA2 (mma.sync), GQA-packed rows, split-KV decode with merge",
+        ),
+        _reference("attention"),
+    ),  # fmt: skip
+    "silu_mul": (Variant("silu_mul", CUDA, "activation", (8, 0), doc="streaming"), _reference("silu_mul")),
+    "linear": (_reference("linear"),),
+    "prepare_weight": (_reference("prepare_weight"),),
+    "apply_bitmask": (
+        Variant(
+            "apply_bitmask",
+            CUDA,
+            "sampling",
+            (7, 0),
+            dtypes=None,
+            kv_dtypes=None,
+            doc="one pass over the logits, in place",
+        ),
+        _reference("apply_bitmask"),
+    ),
+    "sample": (
+        Variant(
+            "sample",
+            CUDA,
+            "sampling",
+            (7, 0),
+            dtypes=None,
+            kv_dtypes=None,
+            doc="radix-select thresholds + Philox exponential race, one block per row",
+        ),
+        _reference("sample"),
+    ),  # fmt: skip
+}
+assert set(VARIANTS) == set(OpTable.names()), "every op needs its variants listed"
+
+# linear stays on torch: F.linear is cuBLAS, which no hand-written GEMM here would beat.
+TORCH_ONLY_REASON = {
+    "linear": "torch F.linear calls cuBLAS (near the GEMM roofline); no custom GEMM",
+    "prepare_weight": "weights stay in torch's layout for cuBLAS",
+}
+
+
+def variant(op: str, name: str) -> Variant:
+    for v in VARIANTS[op]:
+        if v.name == name:
+            return v
+    raise KeyError(f"op {op!r} has no variant {name!r}; it has {[v.name for v in VARIANTS[op]]}")

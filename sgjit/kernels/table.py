@@ -1,0 +1,95 @@
+"""`build_ops`: the ops table a runtime serves with, from a `KernelSet`. Every CUDA op is built (its
+instantiations compiled) here, up front, so no step pays NVRTC; an op whose kernels fail to compile
+logs one warning naming the kernel and keeps the reference op, and an op that later fails at launch
+falls back the same way (`GuardedOp`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sgjit.compiler.arch import DeviceProfile, device_profile
+from sgjit.compiler.select import KernelSelector, KernelSet, ModelShapes, Workload
+from sgjit.errors import KernelError
+from sgjit.kernels import reference
+from sgjit.kernels.cuda.module import cupy_module
+from sgjit.kernels.guard import GuardedOp
+from sgjit.kernels.ops import OpTable
+from sgjit.kernels.registry import CUDA, variant
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSet) -> dict[str, Callable]:
+    """The kernel callables for one op, keyed by op name (the norm kernels serve two ops)."""
+    from sgjit.kernels.cuda import activation, attention, norm, rope, sampling
+
+    if op in ("sample", "apply_bitmask"):  # logits are float32 whatever the model dtype
+        k = sampling.Sampling(profile.sm_count)
+        return {"sample": k.sample, "apply_bitmask": k.apply_bitmask}
+    dtype = _DTYPES[shapes.dtype]
+    if op in ("rmsnorm", "add_rmsnorm"):
+        widths = (shapes.hidden, shapes.head_dim) if shapes.qk_norm else (shapes.hidden,)
+        k = norm.RMSNorm(dtype, shapes.dtype, widths)
+        return {"rmsnorm": k.rmsnorm, "add_rmsnorm": k.add_rmsnorm}
+    if op == "silu_mul":
+        return {op: activation.SiluMul(dtype, shapes.dtype, profile.sm_count)}
+    if op == "rope_store_kv":
+        return {
+            op: rope.RopeStoreKV(dtype, (shapes.dtype, shapes.kv_dtype), shapes.head_dim, shapes.rope_dim)
+        }
+    if op == "attention":
+        t = ks[op].tunables
+        return {
+            op: attention.PagedAttention(
+                profile, shapes, dtype, t["decode_tile"], t["prefill_tile"], ks.workload.max_context
+            )
+        }
+    raise KeyError(f"no CUDA op {op!r}")
+
+
+def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet) -> OpTable:
+    """REFERENCE_OPS with every op the kernel set puts on CUDA replaced by its guarded kernel."""
+    built: dict[str, Callable] = {}
+    if any(c.variant == CUDA for c in kernel_set.choices.values()):
+        try:
+            cupy_module()
+        except KernelError as e:
+            log.warning("%s", e)
+            return reference.REFERENCE_OPS
+    for op, choice in kernel_set.choices.items():
+        if choice.variant != CUDA or op in built:
+            continue
+        try:
+            fns = _cuda_ops(op, profile, shapes, kernel_set)
+        except KernelError as e:
+            log.warning("kernel for op %s unavailable (%s); op %s uses the torch reference", op, e, op)
+            continue
+        for name, fn in fns.items():
+            if kernel_set[name].variant == CUDA:
+                label = f"{variant(name, CUDA).family}.cu:{name}"
+                built[name] = GuardedOp(name, label, fn, getattr(reference, name))
+    return reference.REFERENCE_OPS.with_overrides(**built)
+
+
+def jit_ops(
+    device: torch.device,
+    model_config: Any,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    page_size: int,
+    workload: Workload,
+    selector: KernelSelector | None = None,
+) -> tuple[OpTable, KernelSet]:
+    """What `Runtime` calls with enable_jit on a GPU: profile the device, select, build."""
+    profile = device_profile(device)
+    shapes = ModelShapes.from_config(model_config, dtype, kv_dtype, page_size)
+    with torch.cuda.device(device):
+        kernel_set = (selector or KernelSelector()).select(profile, shapes, workload)
+        log.info("kernels for %s on %s:\n%s", model_config.name, profile.name, kernel_set.describe())
+        return build_ops(profile, shapes, kernel_set), kernel_set

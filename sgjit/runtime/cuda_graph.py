@@ -1,0 +1,276 @@
+"""Decode steps captured as CUDA graphs, one per (batch-size bucket, context bucket), shared by every
+request and plan of a runtime. A replay costs one launch instead of ~15 per layer, which is what
+decides small-model and small-batch decode speed on a GPU.
+
+Inputs live in static buffers; a step copies its rows in (padding up to the bucket with rows that
+read and write only the scratch page), replays, and reads the logits out of a static buffer. The
+context bucket is the static upper bound the attention op sizes its grid by; actual lengths are read
+on the device from `kv_lens`, so one graph serves every context up to its bucket."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sgjit.kernels.ops import AttentionMetadata
+from sgjit.runtime.forward_batch import ForwardBatch
+from sgjit.runtime.kv_pool import SCRATCH_PAGE, PagedKVPool
+from sgjit.runtime.model.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+MIN_CONTEXT_BUCKET = 512
+
+
+def batch_buckets(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 to 64, then steps of 16 up to `max_bs`."""
+    sizes = [1, 2, 4, 8, *range(16, 65, 8), *range(80, max_bs + 16, 16)]
+    return sorted({min(s, max_bs) for s in sizes})
+
+
+@dataclass(slots=True)
+class _Buffers:
+    """Static inputs for one context bucket, sized for the largest batch bucket, with pinned host
+    twins so a step's inputs go over in a few copies."""
+
+    scalars: torch.Tensor  # int64 [5, max_bs]: token, position, slot, kv length, budget
+    kv_lens: torch.Tensor  # int32 [max_bs] (ops take int32 lengths)
+    qo_indptr: torch.Tensor
+    page_table: torch.Tensor
+    rows: torch.Tensor  # arange, the logits indices
+    stop_on_eos: torch.Tensor  # multi-step: bool, the row ends at EOS (not ignore_eos)
+    host_scalars: torch.Tensor
+    host_table: torch.Tensor
+    host_stop: torch.Tensor
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.scalars[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.scalars[1]
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self.scalars[2]
+
+    @property
+    def budgets(self) -> torch.Tensor:
+        return self.scalars[4]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: LlamaModel,
+        pool: PagedKVPool,
+        max_bs: int,
+        max_context: int,
+        steps: int = 1,
+        eos_token_ids: tuple[int, ...] = (),
+        capture: bool = True,
+    ) -> None:
+        """`capture=False` runs the very same padded, bucketed steps without graphs: the eager
+        reference that graph replay must match bit for bit."""
+        self.model = model
+        self.capture = capture
+        self.pool = pool
+        self.device = model.device
+        self.buckets = batch_buckets(max_bs)
+        self.max_bs = self.buckets[-1]
+        self.max_context = max_context
+        self.logits = torch.empty(
+            self.max_bs, model.config.vocab_size, dtype=torch.float32, device=self.device
+        )
+        self.mempool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self._buffers: dict[int, _Buffers] = {}
+        self.capture_seconds = 0.0
+
+    # ----- shapes -----
+    def batch_bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def context_bucket(self, max_kv_len: int) -> int:
+        ctx = MIN_CONTEXT_BUCKET
+        while ctx < max_kv_len:
+            ctx *= 2
+        return min(ctx, self.max_context)
+
+    def can_run(self, num_rows: int, max_kv_len: int) -> bool:
+        return num_rows <= self.max_bs and max_kv_len <= self.max_context
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    # ----- capture -----
+    def _buffers_for(self, ctx: int) -> _Buffers:
+        if ctx not in self._buffers:
+            n, dev = self.max_bs, self.device
+            pages = self.pool.pages_for(ctx)
+            pinned = dict(pin_memory=True)
+            self._buffers[ctx] = _Buffers(
+                scalars=torch.zeros(5, n, dtype=torch.int64, device=dev),
+                kv_lens=torch.ones(n, dtype=torch.int32, device=dev),
+                qo_indptr=torch.arange(n + 1, dtype=torch.int32, device=dev),
+                page_table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, device=dev),
+                rows=torch.arange(n, dtype=torch.int64, device=dev),
+                stop_on_eos=torch.ones(n, dtype=torch.bool, device=dev),
+                host_scalars=torch.zeros(5, n, dtype=torch.int64, **pinned),
+                host_table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
+                host_stop=torch.ones(n, dtype=torch.bool, **pinned),
+            )
+            self._park(self._buffers[ctx])
+        return self._buffers[ctx]
+
+    def _batch(self, bs: int, ctx: int) -> ForwardBatch:
+        b = self._buffers_for(ctx)
+        meta = AttentionMetadata(
+            qo_indptr=b.qo_indptr[: bs + 1], kv_lens=b.kv_lens[:bs], page_table=b.page_table[:bs],
+            page_size=self.pool.page_size, max_q_len=1, max_kv_len=ctx,
+            qo_indptr_host=[], kv_lens_host=[],  # NOTE: empty in graphs; decode ops read device lengths
+        )  # fmt: skip
+        return ForwardBatch(b.input_ids[:bs], b.positions[:bs], b.slots[:bs], meta, b.rows[:bs])
+
+    def _decode_steps(self, batch: ForwardBatch, bs: int, ctx: int, steps: int) -> None:
+        """What a graph holds: one step writing logits, or `steps` greedy steps that feed each token
+        back, advance positions and KV slots on the device, and send rows that are done (EOS, out of
+        budget) to the scratch page so they never write past the pages reserved for them."""
+        layers = self.pool.layers
+        if steps == 1:
+            self.logits[:bs].copy_(self.model.forward(batch, layers))
+            return
+        b = self._buffers_for(ctx)
+        ps = self.pool.page_size
+        table = b.page_table[:bs]
+        positions, kv_lens, slots = b.positions[:bs], b.kv_lens[:bs], b.slots[:bs]
+        done = torch.zeros(bs, dtype=torch.bool, device=self.device)
+        for k in range(steps):
+            nxt = self.model.forward(batch, layers).argmax(dim=-1)
+            self.out_tokens[k, :bs].copy_(nxt)
+            at_eos = (nxt[:, None] == self.eos[None, :]).any(dim=-1) & b.stop_on_eos[:bs]
+            done = done | at_eos | (b.budgets[:bs] <= k + 1)
+            b.input_ids[:bs].copy_(nxt)
+            positions.add_(1)
+            kv_lens.add_(1)
+            page = table.gather(1, (positions // ps).clamp_max(table.shape[1] - 1)[:, None])[:, 0]
+            slots.copy_(torch.where(done, SCRATCH_PAGE * ps, page.to(torch.int64) * ps + positions % ps))
+
+    def _capture(self, bs: int, ctx: int, steps: int) -> torch.cuda.CUDAGraph:
+        t0 = time.perf_counter()
+        batch = self._batch(bs, ctx)
+        b = self._buffers_for(ctx)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture: lazy inits, kernel compiles, workspaces
+            for _ in range(2):
+                self._park(b)  # NOTE: the buffers may hold live rows' slots; warm-up writes to scratch only
+                self._decode_steps(batch, bs, ctx, steps)
+        torch.cuda.current_stream().wait_stream(side)
+        self._park(b)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            self._decode_steps(batch, bs, ctx, steps)
+        torch.cuda.synchronize()
+        self.capture_seconds += time.perf_counter() - t0
+        log.debug(
+            "captured decode graph bs=%d ctx=%d steps=%d in %.0f ms",
+            bs,
+            ctx,
+            steps,
+            (time.perf_counter() - t0) * 1000,
+        )
+        return graph
+
+    def graph(self, bs: int, ctx: int, steps: int = 1) -> torch.cuda.CUDAGraph:
+        key = (bs, ctx, steps)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(bs, ctx, steps)
+        return self._graphs[key]
+
+    def _execute(self, bs: int, ctx: int, steps: int) -> None:
+        if self.capture:
+            self.graph(bs, ctx, steps).replay()
+        else:
+            self._decode_steps(self._batch(bs, ctx), bs, ctx, steps)
+
+    def warm(self, max_bs: int | None = None, contexts: list[int] | None = None) -> None:
+        """Capture ahead of time (largest first, so smaller graphs reuse the pool's memory)."""
+        for ctx in contexts or [self.max_context]:
+            for bs in reversed([b for b in self.buckets if b <= (max_bs or self.max_bs)]):
+                self.graph(bs, self.context_bucket(ctx))
+
+    def _park(self, b: _Buffers) -> None:
+        """Point every row of the buffers at the scratch page (position 0, context 1, no budget)."""
+        b.scalars.zero_()
+        b.slots.fill_(SCRATCH_PAGE * self.pool.page_size)
+        b.kv_lens.fill_(1)
+        b.page_table.fill_(SCRATCH_PAGE)
+
+    # ----- replay -----
+    def _load(
+        self, bs: int, ctx: int, tokens, positions, slots, page_rows, budgets=None, stop_on_eos=None
+    ) -> None:
+        """Rows into the static buffers through their pinned twins (padding rows read and write the
+        scratch page). NOTE: the host twins are reused by the next step only after this one's results
+        were read back, so the asynchronous copies have finished by then."""
+        n = len(tokens)
+        b = self._buffers_for(ctx)
+        h = b.host_scalars.numpy()
+        h[:, n:bs] = 0
+        h[2, n:bs] = SCRATCH_PAGE * self.pool.page_size
+        h[3, n:bs] = 1
+        h[0, :n] = tokens
+        h[1, :n] = positions
+        h[2, :n] = slots
+        h[3, :n] = h[1, :n] + 1
+        h[4, :n] = budgets if budgets is not None else 1
+        table = b.host_table.numpy()
+        table[:bs] = SCRATCH_PAGE
+        width = table.shape[1]
+        for i, pages in enumerate(page_rows):
+            table[i, : min(len(pages), width)] = pages[:width]
+        b.scalars[:, :bs].copy_(b.host_scalars[:, :bs], non_blocking=True)
+        b.kv_lens[:bs].copy_(b.scalars[3, :bs])
+        b.page_table[:bs].copy_(b.host_table[:bs], non_blocking=True)
+        if stop_on_eos is not None:
+            b.host_stop.numpy()[:n] = stop_on_eos
+            b.stop_on_eos[:bs].copy_(b.host_stop[:bs], non_blocking=True)
+
+    def run(
+        self, tokens: list[int], positions: list[int], slots: list[int], page_rows: list[list[int]]
+    ) -> torch.Tensor:
+        """Logits [n, vocab] for n decode rows: row i feeds `tokens[i]` at `positions[i]`, writes its KV
+        at `slots[i]` and attends over its first positions[i] + 1 tokens through `page_rows[i]`."""
+        bs = self.batch_bucket(len(tokens))
+        ctx = self.context_bucket(max(positions) + 1)
+        if self.capture:
+            self.graph(bs, ctx)  # capture before loading: capture parks the buffers
+        self._load(bs, ctx, tokens, positions, slots, page_rows)
+        self._execute(bs, ctx, 1)
+        return self.logits[: len(tokens)]
+
+    def run_multi(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        page_rows: list[list[int]],
+        budgets: list[int],
+        stop_on_eos: list[bool],
+    ) -> list[list[int]]:
+        """`self.steps` greedy tokens for every row, with one host sync. Tokens a row draws after it is
+        done (EOS or out of budget) are returned too; the caller drops them."""
+        n = len(tokens)
+        bs = self.batch_bucket(n)
+        ctx = self.context_bucket(max(positions) + self.steps)
+        if self.capture:
+            self.graph(bs, ctx, self.steps)
+        self._load(bs, ctx, tokens, positions, slots, page_rows, budgets, stop_on_eos)
+        self._execute(bs, ctx, self.steps)
+        return self.out_tokens[:, :n].t().tolist()

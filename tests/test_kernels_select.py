@@ -1,0 +1,147 @@
+"""The selector's choices for recorded device profiles (A100, H100, H200, L4, RTX 4090, T4), the
+SGJIT_KERNELS overrides, and autotuning's store — all on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sgjit.compiler.arch import DeviceProfile, arch_hash, cpu_profile
+from sgjit.compiler.select import AutotuneStore, KernelSelector, ModelShapes, Workload, decode_splits
+from sgjit.errors import SgjitError
+from sgjit.kernels.ops import OpTable
+from sgjit.kernels.registry import AttnTile
+from sgjit.runtime.model.shapes import shape_config
+
+PROFILES = {
+    k: DeviceProfile.from_dict(v)
+    for k, v in json.loads((Path(__file__).parent / "data" / "device_profiles.json").read_text()).items()
+    if not k.startswith("_")
+}
+KERNEL_OPS = ("rmsnorm", "add_rmsnorm", "rope_store_kv", "attention", "silu_mul", "apply_bitmask", "sample")
+
+
+def shapes(name="llama3-8b", dtype=torch.bfloat16, kv=None, page=16) -> ModelShapes:
+    return ModelShapes.from_config(shape_config(name), dtype, kv or dtype, page)
+
+
+@pytest.fixture(autouse=True)
+def _auto(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGJIT_KERNELS", "auto")
+    monkeypatch.setenv("SGJIT_CACHE_DIR", str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "device,decode,prefill",
+    [
+        ("H200", "m1x1n2b32s2", "m1x4n1b64s2"),
+        ("H100-SXM5-80GB", "m1x1n2b32s2", "m1x4n1b64s2"),
+        ("A100-SXM4-80GB", "m1x1n2b32s2", "m1x4n1b64s2"),
+        ("L4", "m1x1n2b32s2", "m1x4n1b64s2"),
+        ("RTX-4090", "m1x1n2b32s2", "m1x4n1b64s2"),
+    ],
+)
+def test_attention_tiles_follow_shared_memory(device, decode, prefill):
+    ks = KernelSelector().select(PROFILES[device], shapes())
+    for op in KERNEL_OPS:
+        assert ks[op].variant == "cuda", (op, ks[op].reason)
+    t = ks["attention"].tunables
+    assert (t["decode_tile"].name, t["prefill_tile"].name) == (decode, prefill)
+    p = PROFILES[device]
+    assert t["decode_tile"].blocks_per_sm(p, 128, 2) >= 2
+    assert ks["linear"].variant == "reference" and "cuBLAS" in ks["linear"].reason
+
+
+def test_fp8_pool_tile():
+    """The fp8 ring is half the bytes (plus the widened tile it is converted into); its preferred
+    tile still runs two or more per SM on a 100 KB part."""
+    tile = AttnTile.parse("m1x1n4b64s3")
+    assert tile.smem_bytes(128, 1) < tile.smem_bytes(128, 2)
+    fp8 = shapes(kv=torch.float8_e4m3fn)
+    for device in ("H200", "L4"):
+        t = KernelSelector().select(PROFILES[device], fp8)["attention"].tunables["decode_tile"]
+        assert t.name == "m1x1n2b32s3" and t.blocks_per_sm(PROFILES[device], 128, 1) >= 2
+
+
+def test_pre_ampere_keeps_torch_for_bf16_kernels():
+    ks = KernelSelector().select(PROFILES["T4"], shapes())
+    assert ks["attention"].variant == "reference" and "compute capability >= 8.0" in ks["attention"].reason
+    assert ks["sample"].variant == "cuda"  # fp32 logits, sm_70+ intrinsics only
+
+
+def test_unsupported_shapes_fall_to_reference():
+    ks = KernelSelector().select(PROFILES["H200"], shapes(dtype=torch.float32))
+    assert ks["rmsnorm"].variant == "reference" and "float32" in ks["rmsnorm"].reason
+    assert ks["sample"].variant == "cuda"
+    big = ModelShapes("bfloat16", "bfloat16", 4096, 14336, 16, 4, 256, 256, 32000, 16)
+    ks = KernelSelector().select(PROFILES["H200"], big)
+    assert ks["attention"].variant == "reference" and "head_dim 256" in ks["attention"].reason
+    assert ks["rope_store_kv"].variant == "cuda"
+
+
+def test_cpu_profile_is_all_reference():
+    ks = KernelSelector().select(cpu_profile(), shapes())
+    assert all(ks[op].variant == "reference" for op in OpTable.names())
+
+
+def test_decode_splits_from_sm_count_and_context():
+    p, s = PROFILES["H200"], shapes()
+    tile = AttnTile.parse("m1x1n2b32s2")  # 16 KB in flight a CTA, 6 resident per SM
+    splits = [decode_splits(p, tile, s, b, 4096) for b in (1, 2, 8, 64, 256)]
+    assert splits == sorted(splits, reverse=True)
+    assert splits[0] == 32 and splits[-2] == splits[-1] == 1  # B=64: 512 CTAs already keep HBM busy
+    ctas = 8 * 8 * splits[2]  # batch 8: three CTAs (48 KB) per SM, all in one wave
+    assert 3 * 132 <= ctas <= 6 * 132
+    assert decode_splits(p, tile, s, 1, 128) == 2  # no split shorter than two tiles of the bound
+    small = DeviceProfile.from_dict({**PROFILES["H200"].as_dict(), "sm_count": 66})
+    assert decode_splits(small, tile, s, 8, 4096) < splits[2]
+    deep = AttnTile.parse("m1x1n4b64s3")  # 64 KB in flight: one CTA per SM suffices
+    assert decode_splits(p, deep, s, 8, 4096) == 3
+
+
+def test_overrides(monkeypatch):
+    monkeypatch.setenv("SGJIT_KERNELS", "reference")
+    ks = KernelSelector().select(PROFILES["H200"], shapes())
+    assert all(ks[op].variant == "reference" for op in OpTable.names())
+    monkeypatch.setenv("SGJIT_KERNELS", "attention=reference,sample=reference")
+    ks = KernelSelector().select(PROFILES["H200"], shapes())
+    assert ks["attention"].variant == "reference" and "SGJIT_KERNELS" in ks["attention"].reason
+    assert ks["sample"].variant == "reference" and ks["rmsnorm"].variant == "cuda"
+    for bad in ("attention=wgmma", "attn=cuda", "attention"):
+        monkeypatch.setenv("SGJIT_KERNELS", bad)
+        with pytest.raises((SgjitError, KeyError)):
+            KernelSelector().select(PROFILES["H200"], shapes())
+
+
+def test_arch_hash_tracks_the_profile():
+    h = {arch_hash(p) for p in PROFILES.values()}
+    assert len(h) == len(PROFILES)
+    assert arch_hash(PROFILES["H200"]) == arch_hash(DeviceProfile.from_dict(PROFILES["H200"].as_dict()))
+
+
+def test_autotune_times_once_and_stores_winners(tmp_path):
+    calls = []
+
+    def timer(profile, shapes, workload, knob, tile):
+        calls.append((knob, tile.name))
+        return 1.0 if tile.stages == 3 else 2.0  # pretend the 3-stage tiles win
+
+    store = AutotuneStore(tmp_path / "tune.json")
+    w = Workload(64, 4096, 2048)
+    ks = KernelSelector(autotune=True, timer=timer, store=store).select(PROFILES["H200"], shapes(), w)
+    t = ks["attention"].tunables
+    assert t["decode_tile"].name == "m1x1n2b32s3" and t["prefill_tile"].name == "m1x4n1b64s3"
+    assert "autotuned" in ks["attention"].reason
+    n = len(calls)
+    assert n >= 4
+    again = KernelSelector(autotune=True, timer=timer, store=store).select(PROFILES["H200"], shapes(), w)
+    assert len(calls) == n, "stored winners are reused"
+    assert again["attention"].tunables == t
+    other = KernelSelector(autotune=True, timer=timer, store=store).select(
+        PROFILES["H100-SXM5-80GB"], shapes(), w
+    )
+    assert len(calls) > n and other["attention"].variant == "cuda"
+    assert len(json.loads((tmp_path / "tune.json").read_text())) == 4
