@@ -202,7 +202,8 @@ def test_model_and_server_info(http, runtime):
     server = http.get("/get_server_info").json()
     assert server["arch"] == "cpu" and server["jit"]["enabled"] is False
     assert server["server_args"]["api_key"] is None and server["server_args"]["port"] == 0
-    assert server["kernels"]["linear"].startswith("sgjit.kernels.")
+    assert server["ops"]["linear"].startswith("sgjit.kernels.") and server["kernel_set"] is None
+    assert server["device_profile"]["kind"] == "cpu" and len(server["arch_hash"]) == 16
     assert server["stats"]["kv_pages_total"] == runtime.stats()["kv_pages_total"]
 
 

@@ -1,5 +1,6 @@
-"""What the server reports about itself: the device's arch, the kernel set, JIT state, the model;
-shared by the ready line, /get_model_info and /get_server_info."""
+"""What the server reports about itself: the device's arch (from the compiler's `DeviceProfile`),
+the ops and kernel set, JIT state, the model; shared by the ready line, /get_model_info and
+/get_server_info."""
 
 from __future__ import annotations
 
@@ -10,27 +11,48 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import sgjit
+from sgjit.compiler.arch import DeviceProfile, arch_hash, device_profile
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
     from sgjit.server.state import ServerState
 
 
-def device_arch(device: torch.device) -> str:
-    """`cpu`, or the GPU's name and SM version (e.g. `NVIDIA H100 80GB HBM3 sm_90`)."""
-    if device.type != "cuda":
-        return "cpu"
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
+def device_arch(profile: DeviceProfile) -> str:
+    """`cpu`, or the GPU's name and SM version (e.g. `NVIDIA H200 sm_90`)."""
+    return f"{profile.name} sm_{profile.cc}" if profile.is_cuda else "cpu"
 
 
-def kernel_set(rt: Runtime) -> dict[str, str]:
-    """Which implementation each op of the model's op table runs."""
+def op_table(rt: Runtime) -> dict[str, str]:
+    """Which function each op of the model's op table runs."""
     out = {}
     for f in fields(rt.ops):
         fn = getattr(rt.ops, f.name)
         out[f.name] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     return out
+
+
+def kernel_choices(rt: Runtime) -> dict[str, dict[str, Any]] | None:
+    """The kernel selector's choice per op, with its tunables and reason (JIT on a GPU only)."""
+    kernel_set = getattr(rt, "kernel_set", None)  # NOTE: the runtime sets it only when it selects kernels
+    if kernel_set is None:
+        return None
+    return {
+        op: {
+            "variant": c.variant,
+            "tunables": {k: _plain(v) for k, v in c.tunables.items()},
+            "reason": c.reason,
+        }
+        for op, c in kernel_set.choices.items()
+    }
+
+
+def _plain(value: Any) -> Any:
+    return (
+        value
+        if isinstance(value, (bool, int, float, str, type(None)))
+        else getattr(value, "name", str(value))
+    )
 
 
 def jit_info(rt: Runtime, stats: dict[str, Any]) -> dict[str, Any]:
@@ -64,15 +86,19 @@ def model_info(state: ServerState) -> dict[str, Any]:
 def server_info(state: ServerState) -> dict[str, Any]:
     rt = state.loaded()
     stats = rt.stats()
+    profile = device_profile(rt.device)
     return {
         "version": sgjit.__version__,
         "phase": state.phase.value,
         "uptime_s": time.time() - state.started_at,
         "server_args": state.args.public_dict(),
         "device": str(rt.device),
-        "arch": device_arch(rt.device),
+        "arch": device_arch(profile),
+        "arch_hash": arch_hash(profile),
+        "device_profile": profile.as_dict(),
         "dtype": dtype_name(rt.dtype),
-        "kernels": kernel_set(rt),
+        "ops": op_table(rt),
+        "kernel_set": kernel_choices(rt),
         "jit": jit_info(rt, stats),
         "kv_capacity_tokens": rt.pool.capacity_tokens,
         "max_model_len": rt.max_model_len,
@@ -90,7 +116,7 @@ def ready_line(state: ServerState, url: str) -> str:
     jit = "on" if rt.config.enable_jit else "off"
     return (
         f"sgjit ready at {url} | model {state.model_name} ({rt.model_path.name}) | device {rt.device} "
-        f"{dtype_name(rt.dtype)} | arch {device_arch(rt.device)} | JIT {jit} | KV cache "
+        f"{dtype_name(rt.dtype)} | arch {device_arch(device_profile(rt.device))} | JIT {jit} | KV cache "
         f"{rt.pool.capacity_tokens} tokens ({rt.pool.allocator.num_usable} pages x {rt.config.page_size}) | "
         f"context {rt.max_model_len}"
     )
