@@ -337,7 +337,13 @@ class Engine:
         if upto > req.released_chars:
             delta = text[req.released_chars : upto]
             req.released_chars = upto
-            req.emit(RequestUpdate(req.rid, delta, [req.tokens[-1]]))
+            req.emit(RequestUpdate(req.rid, delta, self._unreleased_tokens(req)))
+
+    @staticmethod
+    def _unreleased_tokens(req: Request) -> list[int]:
+        tokens = req.output_ids[req.released_tokens :]
+        req.released_tokens = req.num_output
+        return tokens
 
     def _finish(self, req: Request, reason: dict, error: Exception | None = None) -> None:
         if req.status is Status.FINISHED:
@@ -362,7 +368,10 @@ class Engine:
         delta = text[req.released_chars :] if len(text) > req.released_chars else ""
         req.released_chars = len(text)
         result = None if error is not None else self.result(req, text)
-        req.emit(RequestUpdate(req.rid, delta, [], finished=True, result=result, error=error, handle=handle))
+        tokens = self._unreleased_tokens(req)
+        req.emit(
+            RequestUpdate(req.rid, delta, tokens, finished=True, result=result, error=error, handle=handle)
+        )
 
     def result(self, req: Request, text: str) -> dict[str, Any]:
         meta: dict[str, Any] = {

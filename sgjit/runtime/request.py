@@ -40,8 +40,9 @@ class PrefixHandle:
 
 @dataclass(slots=True)
 class RequestUpdate:
-    """What a request reports to its submitter: new text and tokens since the last update, and on
-    finish the whole result (SGLang's `{"text", "output_ids", "meta_info"}`)."""
+    """What a request reports to its submitter: new text and every output token since the last
+    update (tokens whose text is still held back ride with the next update), and on finish the whole
+    result (SGLang's `{"text", "output_ids", "meta_info"}`)."""
 
     rid: str
     text: str
@@ -76,6 +77,7 @@ class Request:
     finish_reason: dict[str, Any] | None = None
     stop_trim: int = 0  # characters of matched stop string to cut from the text
     released_chars: int = 0  # text sent to the sink so far
+    released_tokens: int = 0  # output tokens sent to the sink so far
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     preemptions: int = 0

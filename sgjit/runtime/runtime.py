@@ -133,8 +133,16 @@ class Runtime:
         """Validate and build a request (not yet submitted). Raises `InvalidRequestError` subclasses."""
         params = SamplingParams.from_dict(sampling_params)
         ids = self._check_ids(input_ids)
-        if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-            raise InvalidRequestError("top_logprobs_num must be an integer >= 0", "top_logprobs_num")
+        vocab = self.model_config.vocab_size
+        if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= vocab:
+            raise InvalidRequestError(
+                f"top_logprobs_num must be an integer in [0, {vocab}] (the vocabulary size)",
+                "top_logprobs_num",
+            )
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise InvalidRequestError(
+                f"stop_token_ids must lie in the vocabulary [0, {vocab})", "stop_token_ids"
+            )
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise InvalidRequestError(
                 "logprob_start_len must be -1 or a prompt position >= 0", "logprob_start_len"
@@ -219,6 +227,32 @@ class Runtime:
         return_text_in_logprobs: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """SGLang's `Engine.generate`: one prompt (or token list) -> one result dict, a list -> a list."""
+        reqs, batched = self.make_requests(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+        if stream:
+            if batched:
+                raise InvalidRequestError("stream=True takes one prompt, not a list", "stream")
+            return self._stream(reqs[0])
+        results = self.run_requests(reqs)
+        return results if batched else results[0]
+
+    def make_requests(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        **logprob_options: Any,
+    ) -> tuple[list[Request], bool]:
+        """The requests `generate` would run for these arguments, validated and not yet submitted,
+        and whether the call was a batch. The HTTP server builds `/generate` requests here too, so
+        both front doors accept and reject exactly the same inputs."""
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids", "prompt")
         batched = isinstance(prompt, list) or (
@@ -234,23 +268,7 @@ class Runtime:
             raise InvalidRequestError(
                 "sampling_params list must match the number of prompts", "sampling_params"
             )
-        reqs = [
-            self.make_request(
-                ids,
-                sp,
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-                return_text_in_logprobs=return_text_in_logprobs,
-            )
-            for ids, sp in zip(id_lists, params)
-        ]
-        if stream:
-            if batched:
-                raise InvalidRequestError("stream=True takes one prompt, not a list", "stream")
-            return self._stream(reqs[0])
-        results = self.run_requests(reqs)
-        return results if batched else results[0]
+        return [self.make_request(ids, sp, **logprob_options) for ids, sp in zip(id_lists, params)], batched
 
     def run_requests(self, reqs: list[Request]) -> list[dict[str, Any]]:
         """Submit requests together and wait for all; their results in order (raises the first error)."""

@@ -82,12 +82,13 @@ class SamplingParams:
         _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
         _check(self.temperature >= 0.0, "temperature", "must be >= 0")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
-        _check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or >= 1")
+        _check(self.top_k == -1 or 1 <= self.top_k < 2**31, "top_k", "must be -1 (off) or in [1, 2**31)")
         _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
+        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
         constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
         _check(
             len(constraints) <= 1,

@@ -1,0 +1,31 @@
+"""The FastAPI app: one router per concern (native, OpenAI; the plan routes join the same way),
+the API-key check, and the error handlers. The app never owns the runtime's lifetime: the launcher
+(or a test) creates and shuts it down."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import Depends, FastAPI
+
+import sgjit
+from sgjit.server import native_api, openai_api
+from sgjit.server.args import ServerArgs
+from sgjit.server.auth import require_api_key
+from sgjit.server.errors import install_error_handlers
+from sgjit.server.state import ServerState
+
+if TYPE_CHECKING:
+    from sgjit.runtime.runtime import Runtime
+
+ROUTERS = (native_api.router, openai_api.router)
+
+
+def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:
+    """An app serving `runtime`; without one it answers 503 (starting) until `ServerState.set_ready`."""
+    app = FastAPI(title="sgjit", version=sgjit.__version__, dependencies=[Depends(require_api_key)])
+    app.state.sgjit = ServerState(args, runtime)
+    for router in ROUTERS:
+        app.include_router(router)
+    install_error_handlers(app)
+    return app

@@ -1,0 +1,130 @@
+"""`ServerArgs` and the `sgjit serve` flags. Runtime knobs map one to one onto `RuntimeConfig`
+fields (whose defaults are the only defaults); the rest is what the HTTP layer itself needs. This
+module imports neither FastAPI nor uvicorn, so `sgjit serve --help` stays quick."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sgjit.errors import InvalidRequestError
+from sgjit.runtime.config import RuntimeConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(slots=True)
+class ServerArgs:
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp: int = 1
+    served_model_name: str | None = None
+    api_key: str | None = None
+    log_level: str = "info"
+    drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
+
+    def __post_init__(self) -> None:
+        if self.tp != 1:
+            raise InvalidRequestError(
+                f"--tp {self.tp}: tensor parallelism is not supported yet; serve on one device with --tp 1",
+                "tp",
+            )
+        if not 0 <= self.port <= 65535:
+            raise InvalidRequestError(
+                f"--port {self.port} is not a TCP port (0-65535; 0 picks a free one)", "port"
+            )
+        if self.drain_timeout < 0:
+            raise InvalidRequestError("--drain-timeout must be >= 0 seconds", "drain_timeout")
+        if self.log_level not in LOG_LEVELS:
+            raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
+
+    def public_dict(self) -> dict[str, Any]:
+        """The arguments as /get_server_info shows them: the API key itself never leaves the process."""
+        out = asdict(self)
+        out["api_key"] = "<set>" if self.api_key else None
+        return out
+
+
+# (flag, RuntimeConfig field, argparse keywords); the default shown in --help is RuntimeConfig's.
+_RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--model", "model", {"metavar": "PATH|NAME", "help": "bundled model name, .gguf file or Hugging Face "
+     "directory (default: the bundled SmolLM2-135M-Instruct, smollm2-135m)"}),
+    ("--enable-jit", "enable_jit", {"action": "store_true", "help": "trace, compile and cache prompt "
+     "programs (plans) for this model and device"}),
+    ("--device", "device", {"help": "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N"}),
+    ("--dtype", "dtype", {"help": "compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16"}),
+    ("--mem-fraction-static", "mem_fraction_static", {"type": float, "help": "GPU: share of device memory "
+     "for the weights and the KV cache"}),
+    ("--max-total-tokens", "max_total_tokens", {"type": int, "help": "KV cache size in tokens "
+     "(default: sized from memory)"}),
+    ("--max-model-len", "max_model_len", {"type": int, "help": "longest sequence, prompt plus output "
+     "(default: the model's context, capped by the KV cache)"}),
+    ("--max-running-requests", "max_running_requests", {"type": int, "help": "requests decoded together"}),
+    ("--max-waiting-requests", "max_waiting_requests", {"type": int, "help": "requests queued beyond the "
+     "running ones before new ones get 503 + Retry-After"}),
+    ("--chunked-prefill-size", "chunked_prefill_size", {"type": int, "help": "prompt tokens computed per "
+     "engine step (longer prompts are prefilled in chunks)"}),
+    ("--jit-cache-limit", "jit_cache_limit", {"type": int, "help": "compiled plans kept (LRU)"}),
+    ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
+     "auto (the compute dtype) or fp8_e4m3"}),
+)  # fmt: skip
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    defaults = RuntimeConfig()
+    for flag, name, kwargs in _RUNTIME_FLAGS:
+        default = getattr(defaults, name)
+        if name == "dtype" and default is None:
+            default = "auto"
+        p.add_argument(flag, dest=name, default=default, **_with_default(kwargs, default))
+    server = ServerArgs()
+    p.add_argument("--host", default=server.host, help="address to listen on (default: %(default)s)")
+    p.add_argument(
+        "--port", type=int, default=server.port, help="TCP port; 0 picks a free one (default: %(default)s)"
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=server.tp,
+        help="tensor-parallel degree; only 1 for now (default: %(default)s)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name the OpenAI API reports and accepts (default: the model's own name)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: no key)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=server.drain_timeout,
+        help="on SIGTERM / Ctrl-C, seconds running requests may take to finish (default: %(default)s)",
+    )
+    p.add_argument("--log-level", default=server.log_level, choices=LOG_LEVELS, help="(default: %(default)s)")
+
+
+def _with_default(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
+    if kwargs.get("action") == "store_true" or default is None:
+        return kwargs
+    return {**kwargs, "help": f"{kwargs['help']} (default: %(default)s)"}
+
+
+def server_args_from(ns: argparse.Namespace) -> ServerArgs:
+    """Raises `InvalidRequestError` naming the flag when a value is out of range."""
+    runtime = RuntimeConfig(**{name: getattr(ns, name) for _, name, _ in _RUNTIME_FLAGS})
+    return ServerArgs(
+        runtime=runtime,
+        host=ns.host,
+        port=ns.port,
+        tp=ns.tp,
+        served_model_name=ns.served_model_name,
+        api_key=ns.api_key,
+        log_level=ns.log_level,
+        drain_timeout=ns.drain_timeout,
+    )

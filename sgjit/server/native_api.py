@@ -1,0 +1,125 @@
+"""SGLang's native routes: `/generate` and the operational ones (/health, /health_generate,
+/get_model_info, /get_server_info, /flush_cache, /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic_core import to_json
+from starlette.concurrency import run_in_threadpool
+
+from sgjit.runtime.runtime import Runtime
+from sgjit.server.bridge import RequestGroup
+from sgjit.server.errors import unavailable
+from sgjit.server.info import model_info, server_info
+from sgjit.server.protocol import GenerateRequest, GenerateResult
+from sgjit.server.sse import DONE, SSEResponse, sse
+from sgjit.server.state import Phase, accepting_runtime, server_state
+
+router = APIRouter(tags=["native"])
+
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+
+
+def json_bytes(value: Any) -> bytes:
+    """JSON of engine results: tuples become arrays, and a -inf logprob (a token a grammar ruled
+    out) becomes null rather than the invalid JSON `-Infinity`."""
+    return to_json(value, inf_nan_mode="null")
+
+
+@router.post("/generate", responses={200: {"model": GenerateResult}})
+async def generate(
+    body: GenerateRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
+) -> Response:
+    reqs, batched = await run_in_threadpool(
+        rt.make_requests,
+        body.text,
+        body.sampling_params,
+        body.input_ids,
+        return_logprob=body.return_logprob,
+        logprob_start_len=body.logprob_start_len,
+        top_logprobs_num=body.top_logprobs_num,
+        return_text_in_logprobs=body.return_text_in_logprobs,
+    )
+    group = RequestGroup(server_state(request), reqs).submit()
+    if body.stream:
+        return SSEResponse(generate_events(group, batched), group)
+    async with group:
+        results = await group.results(request)
+    return Response(json_bytes(results if batched else results[0]), media_type="application/json")
+
+
+async def generate_events(group: RequestGroup, batched: bool) -> AsyncIterator[bytes]:
+    """SGLang's stream: each event holds the text and token ids so far; the last one is the whole
+    result, meta_info (logprobs included) as the non-streamed call returns it."""
+    texts = [""] * len(group.reqs)
+    ids: list[list[int]] = [[] for _ in group.reqs]
+    async for i, u in group.updates():
+        if u.finished:
+            chunk = dict(u.result)
+        else:
+            req = group.reqs[i]
+            texts[i] += u.text
+            ids[i] += u.token_ids
+            meta = {
+                "id": req.rid,
+                "finish_reason": None,
+                "prompt_tokens": req.prompt_len,
+                "completion_tokens": len(ids[i]),
+                "cached_tokens": req.cached_tokens,
+            }
+            chunk = {"text": texts[i], "output_ids": ids[i], "meta_info": meta}
+        if batched:
+            chunk["index"] = i
+        yield sse(json_bytes(chunk))
+    yield DONE
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, str]:
+    """200 once the model has loaded and warmed up; 503 while starting or draining."""
+    phase = server_state(request).phase
+    if phase is not Phase.READY:
+        raise unavailable(f"the server is {phase.value}", phase.value)
+    return {"status": "ok"}
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request, rt: Runtime = Depends(accepting_runtime)) -> dict[str, Any]:
+    """Runs a 1-token generation through the engine: proves the engine loop is alive, not just HTTP."""
+    req = await run_in_threadpool(rt.make_request, rt.encode_prompt("ping"), {"max_new_tokens": 1})
+    try:
+        async with RequestGroup(server_state(request), [req], observe=False).submit() as group:
+            (result,) = await asyncio.wait_for(group.results(request), HEALTH_GENERATE_TIMEOUT_S)
+    except asyncio.TimeoutError as e:
+        raise unavailable(
+            f"the engine did not answer within {HEALTH_GENERATE_TIMEOUT_S:.0f} s", "engine_stalled"
+        ) from e
+    return {"status": "ok", "output_ids": result["output_ids"]}
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict[str, Any]:
+    return model_info(server_state(request))
+
+
+@router.get("/get_server_info")
+def get_server_info(request: Request) -> dict[str, Any]:
+    """Sync routes like this one run on a worker thread: they wait for the engine thread."""
+    return server_info(server_state(request))
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+def flush_cache(request: Request) -> dict[str, int]:
+    """Drop every prefix-cache entry no running request uses."""
+    return {"pages_freed": server_state(request).loaded().flush_cache()}
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,109 @@
+"""OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from sgjit.runtime.runtime import Runtime
+from sgjit.server.bridge import RequestGroup
+from sgjit.server.errors import ApiError
+from sgjit.server.openai_output import chat_response, completion_response
+from sgjit.server.openai_params import Job, chat_job, completion_job
+from sgjit.server.openai_stream import ChatChunks, CompletionChunks, openai_events
+from sgjit.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    OpenAISampling,
+)
+from sgjit.server.sse import SSEResponse
+from sgjit.server.state import ServerState, accepting_runtime, server_state
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.get("/models")
+async def list_models(request: Request) -> ModelList:
+    state = server_state(request)
+    rt = state.loaded()
+    card = ModelCard(
+        id=state.model_name,
+        created=int(state.started_at),
+        root=str(rt.model_path),
+        max_model_len=rt.max_model_len,
+    )
+    return ModelList(data=[card])
+
+
+@router.post("/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
+) -> Response:
+    model = _check_model(server_state(request), body)
+    job = await run_in_threadpool(chat_job, rt, body)
+    return await _respond(
+        request,
+        body,
+        job,
+        lambda include_usage: ChatChunks(model, include_usage),
+        lambda results: chat_response(job, results, model, body.logprobs),
+    )
+
+
+@router.post("/completions")
+async def completions(
+    body: CompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
+) -> Response:
+    model = _check_model(server_state(request), body)
+    job = await run_in_threadpool(completion_job, rt, body)
+    return await _respond(
+        request,
+        body,
+        job,
+        lambda include_usage: CompletionChunks(model, include_usage, len(job.reqs)),
+        lambda results: completion_response(job, results, model, body.logprobs is not None),
+    )
+
+
+def _check_model(state: ServerState, body: OpenAISampling) -> str:
+    name = state.model_name
+    if body.model not in (None, "", name):
+        raise ApiError(
+            404, f"the model {body.model!r} does not exist; this server serves {name!r}", param="model",
+            code="model_not_found",
+        )  # fmt: skip
+    return name
+
+
+async def _respond(
+    request: Request,
+    body: OpenAISampling,
+    job: Job,
+    stream_chunks: Callable[[bool], ChatChunks | CompletionChunks],
+    full_response: Callable[[list[dict[str, Any]]], BaseModel],
+) -> Response:
+    state = server_state(request)
+    group = await _start(state, job, request)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return SSEResponse(openai_events(group, job, stream_chunks(include_usage)), group)
+    async with group:
+        results = await group.results(request)
+    return Response(full_response(results).model_dump_json(), media_type="application/json")
+
+
+async def _start(state: ServerState, job: Job, request: Request) -> RequestGroup:
+    """Run the shared prefills (n > 1), then submit the choices. Raises before any byte is sent,
+    so a full queue is still a 503 for a streaming request."""
+    group = RequestGroup(state, job.reqs)
+    if job.prefills:
+        async with RequestGroup(state, job.prefills, observe=False).submit() as prefill:
+            job.prefill_cached = [r["meta_info"]["cached_tokens"] for r in await prefill.results(request)]
+    return group.submit()

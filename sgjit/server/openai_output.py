@@ -1,0 +1,132 @@
+"""Engine results -> OpenAI's response objects: finish reasons, usage, and logprobs in the chat
+and text-completion layouts."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sgjit.runtime.request import LogprobEntry
+from sgjit.server.openai_params import Job
+from sgjit.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+MIN_LOGPROB = -9999.0  # stands in for -inf (a token the grammar ruled out), which JSON cannot carry
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def finish_reason(result: dict[str, Any]) -> str:
+    """OpenAI's finish reason for an engine result: `stop` (EOS, a stop string or token, or the
+    grammar's end) or `length` (max_tokens or the context ran out)."""
+    return "length" if result["meta_info"]["finish_reason"]["type"] == "length" else "stop"
+
+
+def usage(job: Job, results: Sequence[dict[str, Any]]) -> Usage:
+    """Prompts count once however many choices they have; cached tokens are those each prompt
+    found in the prefix cache (with n > 1, what its shared prefill found)."""
+    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    prompt = sum(job.prompt_lens)
+    if job.n > 1:
+        cached = sum(job.prefill_cached)
+    else:
+        cached = sum(r["meta_info"]["cached_tokens"] for r in results)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+def _logprob(value: float | None) -> float:
+    return MIN_LOGPROB if value is None or math.isinf(value) or math.isnan(value) else max(value, MIN_LOGPROB)
+
+
+def _top(entry: LogprobEntry) -> TopLogprob:
+    text = entry[2] or ""
+    return TopLogprob(token=text, logprob=_logprob(entry[0]), bytes=list(text.encode()))
+
+
+def chat_logprobs(
+    entries: Sequence[LogprobEntry], tops: Sequence[Sequence[LogprobEntry]] | None
+) -> ChatLogprobs:
+    content = []
+    for k, entry in enumerate(entries):
+        top = _top(entry)
+        alternatives = [_top(t) for t in tops[k]] if tops else []
+        content.append(TokenLogprob(**top.model_dump(), top_logprobs=alternatives))
+    return ChatLogprobs(content=content)
+
+
+def completion_logprobs(
+    entries: Sequence[LogprobEntry], tops: Sequence[Sequence[LogprobEntry]] | None, text_offset: int
+) -> CompletionLogprobs:
+    out = CompletionLogprobs(top_logprobs=[] if tops else None)
+    for k, (lp, _, text) in enumerate(entries):
+        out.tokens.append(text or "")
+        out.token_logprobs.append(_logprob(lp))
+        out.text_offset.append(text_offset)
+        text_offset += len(text or "")
+        if tops:
+            out.top_logprobs.append({t[2] or "": _logprob(t[0]) for t in tops[k]})  # type: ignore[union-attr]
+    return out
+
+
+def _result_logprobs(result: dict[str, Any]) -> tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]:
+    meta = result["meta_info"]
+    return meta.get("output_token_logprobs", []), meta.get("output_top_logprobs") or None
+
+
+def chat_response(
+    job: Job, results: list[dict[str, Any]], model: str, logprobs: bool
+) -> ChatCompletionResponse:
+    choices = [
+        ChatChoice(
+            index=i,
+            message=AssistantMessage(content=r["text"]),
+            logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None,
+            finish_reason=finish_reason(r),
+        )
+        for i, r in enumerate(results)
+    ]
+    return ChatCompletionResponse(
+        id=new_id("chatcmpl"), created=now(), model=model, choices=choices, usage=usage(job, results)
+    )
+
+
+def completion_response(
+    job: Job, results: list[dict[str, Any]], model: str, logprobs: bool
+) -> CompletionResponse:
+    choices = [
+        CompletionChoice(
+            index=i,
+            text=r["text"],
+            logprobs=completion_logprobs(*_result_logprobs(r), 0) if logprobs else None,
+            finish_reason=finish_reason(r),
+        )
+        for i, r in enumerate(results)
+    ]
+    return CompletionResponse(
+        id=new_id("cmpl"), created=now(), model=model, choices=choices, usage=usage(job, results)
+    )

@@ -1,0 +1,168 @@
+"""OpenAI requests -> engine requests: chat messages onto the model's template, OpenAI's sampling
+fields onto `SamplingParams` keys, `n` choices per prompt. Runs in a worker thread (templating,
+tokenizing and grammar compilation must not stall the event loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sgjit.errors import InvalidRequestError
+from sgjit.runtime.request import Request
+from sgjit.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAISampling
+
+if TYPE_CHECKING:
+    from sgjit.runtime.runtime import Runtime
+
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(slots=True)
+class Job:
+    """The engine requests of one OpenAI call: choice `p * n + j` is the j-th sample of prompt p.
+    With n > 1 each prompt is first prefilled once (`prefills`) so its n samples share its KV pages
+    through the prefix cache instead of computing the prompt n times."""
+
+    reqs: list[Request]
+    prefills: list[Request]
+    prompt_lens: list[int]
+    n: int
+    prefill_cached: list[int] = field(default_factory=list)  # per prompt, once the prefills ran
+
+
+def chat_job(rt: Runtime, body: ChatCompletionRequest) -> Job:
+    if body.tools:
+        raise InvalidRequestError("tools / function calling are not supported by this server", "tools")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    ids = rt.tokenizer.encode_chat(template_messages(body.messages), add_generation_prompt=True)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    constraint = response_constraint(body)
+    return _job(
+        rt,
+        body,
+        [ids],
+        max_tokens,
+        constraint,
+        return_logprob=body.logprobs,
+        top_logprobs_num=body.top_logprobs or 0,
+    )
+
+
+def completion_job(rt: Runtime, body: CompletionRequest) -> Job:
+    for name, unsupported in (
+        ("echo", body.echo),
+        ("suffix", body.suffix is not None),
+        ("best_of", body.best_of not in (None, 1, body.n)),
+    ):
+        if unsupported:
+            raise InvalidRequestError(f"{name} is not supported by this server", name)
+    prompts = _prompt_list(body.prompt)
+    if not prompts:
+        raise InvalidRequestError("prompt is an empty list; give at least one prompt", "prompt")
+    id_lists = [rt.encode_prompt(p) if isinstance(p, str) else p for p in prompts]
+    return _job(
+        rt,
+        body,
+        id_lists,
+        body.max_tokens,
+        {},
+        return_logprob=body.logprobs is not None,
+        top_logprobs_num=body.logprobs or 0,
+    )
+
+
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]  # type: ignore[list-item]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def _job(
+    rt: Runtime,
+    body: OpenAISampling,
+    id_lists: list[list[int]],
+    max_tokens: int | None,
+    constraint: dict[str, Any],
+    *,
+    return_logprob: bool,
+    top_logprobs_num: int,
+) -> Job:
+    if body.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported by this server", "logit_bias")
+    reqs, prefills = [], []
+    for ids in id_lists:
+        room = max(rt.max_model_len - len(ids), 1)  # a too-long prompt fails in make_request
+        base = sampling_params(body, max_tokens or room, constraint)
+        for j in range(body.n):
+            params = {**base, "seed": base["seed"] + j} if "seed" in base else base
+            reqs.append(
+                rt.make_request(
+                    ids,
+                    params,
+                    return_logprob=return_logprob,
+                    top_logprobs_num=top_logprobs_num,
+                    return_text_in_logprobs=return_logprob,
+                )
+            )
+        if body.n > 1:
+            prefills.append(rt.make_request(ids, {"max_new_tokens": 0}))
+    return Job(reqs, prefills, [r.prompt_len for r in reqs[:: body.n]], body.n)
+
+
+def sampling_params(body: OpenAISampling, max_new_tokens: int, constraint: dict[str, Any]) -> dict[str, Any]:
+    """`SamplingParams` keys for an OpenAI request (fields left out keep sgjit's defaults)."""
+    params = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "stop": body.stop,
+        "seed": body.seed,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "ignore_eos": body.ignore_eos,
+        "regex": body.regex,
+        "json_schema": body.json_schema,
+        **constraint,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def response_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
+    """OpenAI's `response_format` as a JSON-schema constraint (`json_object`: any JSON object)."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return {}
+    if body.json_schema is not None or body.regex is not None:
+        raise InvalidRequestError(
+            "response_format and the regex / json_schema extras each constrain the output; give one",
+            "response_format",
+        )
+    if fmt.type == "json_object":
+        return {"json_schema": ANY_JSON_OBJECT}
+    if fmt.json_schema is None:
+        raise InvalidRequestError(
+            "response_format of type json_schema needs a json_schema object", "response_format.json_schema"
+        )
+    return {"json_schema": fmt.json_schema.schema_ or ANY_JSON_OBJECT}
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as chat templates take them: string content (text parts joined by newlines), and
+    OpenAI's `developer` role as `system`."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.content is None or isinstance(m.content, str):
+            content = m.content or ""
+        else:
+            for j, part in enumerate(m.content):
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequestError(
+                        f"content part type {part.type!r} is not supported; this server takes text parts only",
+                        f"messages.{i}.content.{j}",
+                    )
+            content = "\n".join(part.text for part in m.content)  # type: ignore[misc]
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out

@@ -1,0 +1,106 @@
+"""OpenAI's streaming format: per choice a role delta first (chat), then content deltas, then a
+chunk with its finish reason; then, when `stream_options.include_usage` is set, a chunk with
+`choices: []` and the usage (every other chunk then carries `"usage": null`); then `[DONE]`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sgjit.runtime.request import LogprobEntry
+from sgjit.server.bridge import RequestGroup
+from sgjit.server.openai_output import chat_logprobs, completion_logprobs, finish_reason, new_id, now, usage
+from sgjit.server.openai_params import Job
+from sgjit.server.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    CompletionChoice,
+    CompletionResponse,
+    Usage,
+)
+from sgjit.server.sse import DONE, sse
+
+Logprobs = tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]
+
+
+class ChatChunks:
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self.id, self.created, self.model = new_id("chatcmpl"), now(), model
+        self.include_usage = include_usage
+        self.exclude = None if include_usage else {"usage"}
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
+        chunk = ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return sse(chunk.model_dump_json(exclude=self.exclude))
+
+    def opening(self, i: int) -> bytes | None:
+        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+
+    def delta(self, i: int, text: str, logprobs: Logprobs | None) -> bytes:
+        lp = chat_logprobs(*logprobs) if logprobs else None
+        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=text), logprobs=lp)])
+
+    def finish(self, i: int, reason: str) -> bytes:
+        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._chunk([], usage)
+
+
+class CompletionChunks:
+    def __init__(self, model: str, include_usage: bool, num_choices: int) -> None:
+        self.id, self.created, self.model = new_id("cmpl"), now(), model
+        self.include_usage = include_usage
+        self.exclude = None if include_usage else {"usage"}
+        self.text_offset = [0] * num_choices
+
+    def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> bytes:
+        chunk = CompletionResponse(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return sse(chunk.model_dump_json(exclude=self.exclude))
+
+    def opening(self, i: int) -> bytes | None:
+        return None
+
+    def delta(self, i: int, text: str, logprobs: Logprobs | None) -> bytes:
+        lp = completion_logprobs(*logprobs, self.text_offset[i]) if logprobs else None
+        self.text_offset[i] += len(text)
+        return self._chunk([CompletionChoice(index=i, text=text, logprobs=lp)])
+
+    def finish(self, i: int, reason: str) -> bytes:
+        return self._chunk([CompletionChoice(index=i, text="", finish_reason=reason)])
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._chunk([], usage)
+
+
+async def openai_events(
+    group: RequestGroup, job: Job, chunks: ChatChunks | CompletionChunks
+) -> AsyncIterator[bytes]:
+    for i in range(len(group.reqs)):
+        if (opening := chunks.opening(i)) is not None:
+            yield opening
+    sent = [0] * len(group.reqs)  # tokens of each choice streamed so far
+    results: list[dict[str, Any]] = [{}] * len(group.reqs)
+    async for i, u in group.updates():
+        logprobs = None
+        req = group.reqs[i]
+        if req.return_logprob and u.token_ids:
+            # NOTE: read from the engine's request: its logprob lists only grow, and the entries of
+            # these tokens were appended before the update was emitted.
+            span = slice(sent[i], sent[i] + len(u.token_ids))
+            tops = req.output_top_logprobs[span] if req.top_logprobs_num else None
+            logprobs = (req.output_token_logprobs[span], tops)
+        sent[i] += len(u.token_ids)
+        if u.text or logprobs:
+            yield chunks.delta(i, u.text, logprobs)
+        if u.finished:
+            results[i] = u.result
+            yield chunks.finish(i, finish_reason(u.result))
+    if chunks.include_usage:
+        yield chunks.usage(usage(job, results))
+    yield DONE
