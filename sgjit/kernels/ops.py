@@ -44,7 +44,7 @@ class AttentionMetadata:
 
     @property
     def num_rows(self) -> int:
-        return len(self.kv_lens_host)
+        return self.kv_lens.shape[0]  # not the host list: CUDA graphs leave that empty
 
     @property
     def is_decode(self) -> bool:
