@@ -28,6 +28,7 @@ from sgjit.lang import (
     user_begin,
     user_end,
 )
+from sgjit.lang.jit_cache import clear_jit_cache
 from sgjit.runtime.runtime import Runtime
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "assistant",
     "assistant_begin",
     "assistant_end",
+    "clear_jit_cache",
     "function",
     "gen",
     "gen_int",

@@ -215,3 +215,21 @@ def test_fp8_kv_cache_runs_close_to_full_precision(runtime):
         assert a["output_ids"][:3] == b["output_ids"][:3]
     finally:
         rt.shutdown()
+
+
+def test_protected_program_steps_are_never_preempted(alone):
+    small = sgjit.Runtime(device="cpu", max_total_tokens=16 * 12, page_size=16)
+    try:
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        prog = small.make_request(
+            small.tokenizer.encode(PROMPTS[0]), {**GREEDY, "max_new_tokens": 12}, protected=True
+        )
+        small.submit(prog, lambda u: done.put(u) if u.finished else None)
+        others = small.generate(PROMPTS[1:16], {**GREEDY, "max_new_tokens": 12})
+        final = done.get()
+        assert prog.preemptions == 0
+        assert final.result["output_ids"] == alone[PROMPTS[0]]
+        assert [o["output_ids"] for o in others] == [alone[p] for p in PROMPTS[1:16]]
+        assert_no_leaked_pages(small)
+    finally:
+        small.shutdown()

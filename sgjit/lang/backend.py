@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from sgjit.compiler.plan import GraphPlan
     from sgjit.lang.function import Function
 
 
@@ -61,7 +62,8 @@ class Backend(Protocol):
     def unconditional_prefix(self) -> list[int]:
         """The context for `unconditional_likelihood_normalized`: a document start, nothing else."""
 
-    def open_sequence(self) -> ProgramSequence: ...
+    def open_sequence(self, protected: bool = False) -> ProgramSequence:
+        """A new program sequence; `protected` for a compiled plan's run (never preempted for others)."""
 
     def register_function(self, function: Function) -> None:
         """Remember a program function run here, so `reload_function(name)` can find it."""
@@ -70,3 +72,9 @@ class Backend(Protocol):
 
     def invalidate_plan(self, plan_hash: str) -> None:
         """Drop every artefact cached for the plan `plan_hash` (its source changed)."""
+
+    def compile(self, plan: GraphPlan) -> Any:
+        """The backend's compiled form of `plan` (a JIT), or None to run the plan uncompiled."""
+
+    def clear_jit_cache(self) -> int:
+        """Drop every compiled plan; returns how many."""

@@ -53,8 +53,12 @@ class ProgramExecutor:
         variables: dict[str, Any] | None = None,
         meta_info: dict[str, Any] | None = None,
         events: EventLog | None = None,
+        encoder: Callable[[str, bool], list[int] | None] | None = None,
     ) -> None:
+        """`encoder` (a compiled plan's) tokenizes a step reusing the constant prefix's tokens, or
+        returns None to have the whole text tokenized."""
         self.backend = backend
+        self.encoder = encoder
         self.defaults = defaults
         self.sequence = sequence
         self.text = text
@@ -94,6 +98,7 @@ class ProgramExecutor:
                 chat=self.chat.copy(),
                 variables=self.variables,
                 meta_info=self.meta_info,
+                encoder=self.encoder,
             )
             for _ in range(n)
         ]
@@ -195,7 +200,10 @@ class ProgramExecutor:
 
     def _encode(self, text: str) -> list[int]:
         # Chat-template text carries its own BOS where the model wants one.
-        return self.backend.encode(text, add_special_tokens=not self.chat.used)
+        add_special = not self.chat.used
+        if self.encoder is not None and (ids := self.encoder(text, add_special)) is not None:
+            return ids
+        return self.backend.encode(text, add_special_tokens=add_special)
 
     def _gen(self, node: Gen) -> None:
         params, return_logprob, top_logprobs_num = self.defaults.request_for(node)

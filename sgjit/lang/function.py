@@ -64,6 +64,16 @@ class Function:
     def __repr__(self) -> str:
         return f"<sgjit.function {self.name} jit={self.jit}>"
 
+    def explain(self, backend: Any = None, **example_kwargs: Any) -> str:
+        """The plan, compiled for the backend: kernels chosen, graph buckets, memory reservation."""
+        plan = self.trace(**example_kwargs)
+        target = resolve_backend(backend)
+        compile_plan = getattr(target, "compile", None)
+        compiled = compile_plan(plan) if compile_plan is not None else None
+        if compiled is None:
+            return plan.dump() + "\n\n(the backend's JIT is off: the plan runs uncompiled)"
+        return compiled.explain()
+
     # ----- tracing -----
     def trace(self, **example_kwargs: Any) -> GraphPlan:
         """The program as a `GraphPlan`; raises `TraceError` (file:line) if it is not static."""
@@ -164,8 +174,14 @@ class Function:
         backend.register_function(self)
         self.backends.add(backend)
         chosen = self._plan_for(bound)
+        compile_plan = getattr(backend, "compile", None)
+        compiled = compile_plan(chosen[0]) if chosen is not None and compile_plan is not None else None
         events = EventLog() if stream else None
-        root = ProgramExecutor(backend, defaults, backend.open_sequence(), events=events)
+        if compiled is not None:
+            sequence = backend.open_sequence(protected=True)
+            root = ProgramExecutor(backend, defaults, sequence, events=events, encoder=compiled.encode)
+        else:
+            root = ProgramExecutor(backend, defaults, backend.open_sequence(), events=events)
         run = RunHandle(events) if events is not None else None
         state = ProgramState(root, plan_hash=chosen[0].plan_hash if chosen else None, run=run)
 

@@ -20,15 +20,18 @@ from sgjit.runtime.request import PrefixHandle, RequestUpdate
 from sgjit.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
+    from sgjit.compiler.launch import CompiledPlan
+    from sgjit.compiler.plan import GraphPlan
     from sgjit.lang.function import Function
 
 log = logging.getLogger(__name__)
 
 
 class RuntimeSequence:
-    def __init__(self, runtime: Runtime, handle: PrefixHandle | None = None) -> None:
+    def __init__(self, runtime: Runtime, handle: PrefixHandle | None = None, protected: bool = False) -> None:
         self._rt = runtime
         self._handle = handle  # pages of the last step, held for the next
+        self._protected = protected  # a compiled plan's run: its steps are never preempted for others
 
     def prefill(self, input_ids: list[int]) -> None:
         self.generate(input_ids, {"max_new_tokens": 0})
@@ -49,6 +52,7 @@ class RuntimeSequence:
             top_logprobs_num=top_logprobs_num,
             hold_prefix=True,
             release_on_admit=self._handle,
+            protected=self._protected,
         )
         updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
         self._rt.submit(req, updates.put)
@@ -75,7 +79,7 @@ class RuntimeSequence:
 
     def fork(self) -> RuntimeSequence:
         handle = self._rt.share_prefix(self._handle) if self._handle is not None else None
-        return RuntimeSequence(self._rt, handle)
+        return RuntimeSequence(self._rt, handle, self._protected)
 
     def close(self) -> None:
         if self._handle is not None:
@@ -121,8 +125,16 @@ class RuntimeBackend:
         tok = self.runtime.tokenizer
         return [tok.bos_token_id] if tok.bos_token_id is not None else [tok.eos_token_ids[0]]
 
-    def open_sequence(self) -> ProgramSequence:
-        return RuntimeSequence(self.runtime)
+    def open_sequence(self, protected: bool = False) -> ProgramSequence:
+        return RuntimeSequence(self.runtime, protected=protected)
+
+    def compile(self, plan: GraphPlan) -> CompiledPlan | None:
+        """The runtime's compiled plan (None when its JIT is off: the plan then runs uncompiled)."""
+        jit = self.runtime.jit
+        return jit.compile(plan) if jit is not None else None
+
+    def clear_jit_cache(self) -> int:
+        return self.runtime.clear_jit_cache()
 
     def register_function(self, function: Function) -> None:
         self._functions[function.name] = function
@@ -131,5 +143,6 @@ class RuntimeBackend:
         return self._functions.get(name)
 
     def invalidate_plan(self, plan_hash: str) -> None:
-        # Nothing is compiled per plan in-process yet; the JIT's plan cache hooks in here.
-        log.debug("plan %s invalidated", plan_hash)
+        jit = self.runtime.jit
+        dropped = jit.invalidate(plan_hash) if jit is not None else 0
+        log.debug("plan %s invalidated (%d compiled entries dropped)", plan_hash, dropped)

@@ -25,6 +25,7 @@ class RuntimeConfig:
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
     jit_cache_limit: int = 64
+    jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
     disable_cuda_graph: bool = False  # JIT on GPU: run the bucketed decode steps eagerly instead of as graphs
     multi_step: int = 8  # decode steps per multi-step graph (JIT on GPU)

@@ -66,6 +66,9 @@ class Request:
     sink: Callable[[RequestUpdate], None] | None = None
     hold_prefix: bool = False  # hand the finished sequence's pages back as a PrefixHandle
     release_on_admit: PrefixHandle | None = None
+    protected: bool = (
+        False  # a compiled program's step: admitted with room for its worst case, never preempted for others
+    )
     grammar: Any = None  # a GrammarMatcher when the request is constrained
     pinned_nodes: list[Any] = field(default_factory=list)  # radix nodes a JIT plan keeps resident
     # --- engine state ---

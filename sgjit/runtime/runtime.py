@@ -48,6 +48,11 @@ class Runtime:
         )
         t0 = time.perf_counter()
         self.engine = Engine(self._build)
+        self.jit = None
+        if self.config.enable_jit:
+            from sgjit.compiler.jit import PlanJit
+
+            self.jit = PlanJit(self, self.config.jit_cache_limit, self.config.jit_arg_budget)
         self.load_seconds = time.perf_counter() - t0
         mc = self.model_config
         log.info(
@@ -129,6 +134,7 @@ class Runtime:
         return_text_in_logprobs: bool = False,
         hold_prefix: bool = False,
         release_on_admit: PrefixHandle | None = None,
+        protected: bool = False,
     ) -> Request:
         """Validate and build a request (not yet submitted). Raises `InvalidRequestError` subclasses."""
         params = SamplingParams.from_dict(sampling_params)
@@ -158,6 +164,7 @@ class Runtime:
             return_text_in_logprobs=return_text_in_logprobs,
             hold_prefix=hold_prefix,
             release_on_admit=release_on_admit,
+            protected=protected,
         )
         if params.grammar_key is not None:
             req.grammar = self.grammars.matcher(*params.grammar_key)
@@ -329,7 +336,24 @@ class Runtime:
                 **self.engine.counters,
             }
 
-        return self.engine.call(read)
+        jit = self.jit.counters() if self.jit is not None else {"jit_compiles": 0, "jit_cache_hits": 0,
+                                                                  "jit_compile_ms_total": 0.0}  # fmt: skip
+
+        return {**self.engine.call(read), **jit}
+
+    def graph_summary(self) -> str:
+        graphs = self.engine.runner.graphs
+        if graphs is None:
+            return ""
+        mode = "captured" if graphs.capture else "eager (disable_cuda_graph)"
+        return (
+            f"{mode}; batch buckets {graphs.buckets}; context buckets powers of two from 512 to "
+            f"{graphs.max_context}; {graphs.steps} tokens per multi-step launch; {graphs.num_graphs} captured so far"
+        )
+
+    def clear_jit_cache(self) -> int:
+        """Drop every compiled plan (unpinning their prefixes); returns how many."""
+        return self.jit.clear() if self.jit is not None else 0
 
     def flush_cache(self) -> int:
         """Drop every prefix-cache entry that is neither pinned nor in use; returns pages freed."""

@@ -117,7 +117,7 @@ class Scheduler:
             return None
         for req in self.running:
             need = self.pool.pages_for(req.num_computed + ahead(req)) - len(req.pages)
-            if need > 0 and not self._ensure_free(need):
+            if need > 0 and not self._ensure_free(need, req):
                 return None
             self._grow(req, req.num_computed + ahead(req))
         return ScheduledBatch([RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in self.running])
@@ -144,7 +144,9 @@ class Scheduler:
         # Keep one page of headroom per running row so admission does not force a preemption next step.
         headroom = len(self.running)
         need = self.pool.pages_for(req.num_computed + n) - len(req.pages)
-        if not self._ensure_free(need + headroom):
+        if req.protected:  # a compiled program's step is admitted only with room for its worst case
+            need = max(need, self.pool.pages_for(self._worst_case(req)) - len(req.pages))
+        if not self._ensure_free(need + headroom, req):
             self.alloc.decref(req.pages)
             req.pages, req.num_computed = [], 0
             return False
@@ -157,11 +159,24 @@ class Scheduler:
         return True
 
     # ----- memory -----
-    def _ensure_free(self, pages: int) -> bool:
-        short = pages - self.alloc.num_free
+    def _worst_case(self, req: Request) -> int:
+        return req.prompt_len + req.params.max_new_tokens
+
+    def _reserved(self, exclude: Request | None) -> int:
+        """Pages promised to running protected requests (compiled programs) and not yet taken."""
+        return sum(
+            max(0, self.pool.pages_for(self._worst_case(r)) - len(r.pages))
+            for r in self.running
+            if r.protected and r is not exclude
+        )
+
+    def _ensure_free(self, pages: int, req: Request | None = None) -> bool:
+        """`pages` free for `req` beyond what protected requests are promised, evicting cache first."""
+        reserved = self._reserved(req) if self.running else 0
+        short = pages + reserved - self.alloc.num_free
         if short > 0:
             self.cache.evict(short)
-        return self.alloc.num_free >= pages
+        return self.alloc.num_free - reserved >= pages
 
     def _grow(self, req: Request, num_tokens: int) -> None:
         need = self.pool.pages_for(num_tokens) - len(req.pages)
@@ -173,7 +188,7 @@ class Scheduler:
     def _reserve(self, req: Request, num_tokens: int, may_preempt: bool) -> bool:
         """Pages for `req` up to `num_tokens`, evicting cache and then preempting newer requests."""
         need = self.pool.pages_for(num_tokens) - len(req.pages)
-        while not self._ensure_free(need):
+        while not self._ensure_free(need, req):
             victim = self._preemption_victim()
             if victim is None or not may_preempt:
                 return False
@@ -184,8 +199,11 @@ class Scheduler:
         return True
 
     def _preemption_victim(self) -> Request | None:
+        """The newest running request; a compiled program's step only when nothing else is left."""
         candidates = [r for r in self.running if r.status is Status.RUNNING]
-        return max(candidates, key=lambda r: r.arrival) if candidates else None
+        unprotected = [r for r in candidates if not r.protected]
+        pool = unprotected or candidates
+        return max(pool, key=lambda r: r.arrival) if pool else None
 
     def preempt(self, req: Request) -> None:
         log.info("preempting %s (%d tokens) to free KV pages", req.rid, len(req.tokens))
