@@ -1,5 +1,5 @@
-"""The `sgjit` command: `sgjit generate`, `sgjit serve`, and the subcommands later issues add (bench,
-explain). Subcommands import their modules only when run, so `sgjit --help` stays quick."""
+"""The `sgjit` command: `generate`, `serve`, `bench`, `explain`. Subcommands import their modules only
+when run, so `sgjit --help` stays quick."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def main(argv: list[str] | None = None) -> int:
         "generate", help="one-shot completion of a prompt (python -m sgjit.generate)", add_help=False
     )
     sub.add_parser("serve", help="HTTP server: SGLang's /generate and the OpenAI API", add_help=False)
+    sub.add_parser(
+        "bench",
+        help="benchmarks: latency, throughput, serving, program, kernels, jit, generate",
+        add_help=False,
+    )
+    sub.add_parser(
+        "explain", help="compile a prompt program and show its plan, kernels and reservation", add_help=False
+    )
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -27,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         return generate_main(rest)
     if command == "serve":
         return serve_main(rest)
+    if command == "bench":
+        from sgjit.bench.__main__ import main as bench_main
+
+        return bench_main(rest)
+    if command == "explain":
+        from sgjit.explain import main as explain_main
+
+        return explain_main(rest)
     parser.parse_args(argv)  # reports the unknown command
     return 2
 

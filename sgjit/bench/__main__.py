@@ -10,6 +10,10 @@ BENCHMARKS = {
     "throughput": "sgjit.bench.throughput",
     "latency": "sgjit.bench.latency",
     "serving": "sgjit.bench.serving",
+    "program": "sgjit.bench.program",
+    "kernels": "sgjit.bench.kernels",
+    "jit": "sgjit.bench.jit",
+    "http_overhead": "sgjit.bench.http_overhead",
 }
 
 

@@ -290,7 +290,7 @@ def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
         torch.cuda.empty_cache()
     ks = KernelSelector().select(profile, _shapes())
     result = {
-        "env": environment(), "ceilings": ceil.as_dict(), "profile": profile.as_dict(),
+        "benchmark": "kernels", "env": environment(), "ceilings": ceil.as_dict(), "profile": profile.as_dict(),
         "selected": {op: {"variant": c.variant, "reason": c.reason} for op, c in ks.choices.items()},
         "rows": rows, "detail": detail, "resources": kernel_resources(),
     }  # fmt: skip

@@ -1,0 +1,65 @@
+"""Every benchmark runs end to end on the bundled model at tiny sizes and writes valid JSON with its
+fields (figures are not checked: speed is a benchmark's business, not a test's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server_harness import LiveServer
+
+
+def run_bench(module: str, args: list[str], tmp_path) -> dict:
+    import importlib
+
+    out = tmp_path / f"{module}.json"
+    importlib.import_module(f"sgjit.bench.{module}").main([*args, "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == module and result["rows"]
+    return result
+
+
+def test_generate(tmp_path):
+    r = run_bench("generate", ["--device", "cpu", "--repeat", "1", "--new-tokens", "4"], tmp_path)
+    assert {row["engine"] for row in r["rows"]} == {"sgjit", "transformers"}
+    assert r["ceilings"]["read_gbps"] > 0 and "decode_vs_transformers" in r["rows"][0]
+
+
+def test_latency(tmp_path):
+    r = run_bench("latency", ["--smoke", "--device", "cpu"], tmp_path)
+    assert {row["engine"] for row in r["rows"]} == {"sgjit-jit", "sgjit", "transformers"}
+    for key in ("prefill_ms", "decode_tok_s_per_seq", "decode_tok_s_total", "decode_roofline_tok_s_per_seq"):
+        assert key in r["rows"][0]
+
+
+def test_throughput(tmp_path):
+    row = run_bench("throughput", ["--smoke", "--device", "cpu"], tmp_path)["rows"][0]
+    assert row["output_tokens"] > 0 and row["output_tok_s"] > 0 and row["single_request_decode_tok_s"] > 0
+
+
+def test_program(tmp_path):
+    r = run_bench(
+        "program", ["--smoke", "--device", "cpu", "--workloads", "few_shot_select", "log_analysis"], tmp_path
+    )
+    assert len(r["rows"]) == 8 and all(row["programs_s"] > 0 for row in r["rows"])
+
+
+def test_jit(tmp_path):
+    row = run_bench("jit", ["--smoke", "--device", "cpu"], tmp_path)["rows"][0]
+    assert row["fresh_process_disk_hit"] is True and row["cache_hit_us_p50"] > 0
+
+
+def test_serving_against_a_live_server(runtime, tmp_path):
+    server = LiveServer(runtime)
+    try:
+        row = run_bench("serving", ["--url", server.url, "--smoke"], tmp_path)["rows"][0]
+    finally:
+        server.stop()
+    assert row["completed"] == row["requests"] == 8 and row["errors"] == 0
+    assert row["ttft_p50_ms"] > 0 and row["output_tok_s"] > 0
+
+
+@pytest.mark.gpu
+def test_kernels(tmp_path):
+    run_bench("kernels", ["--only", "elementwise"], tmp_path)
