@@ -31,6 +31,15 @@ from sgjit.lang import (
 from sgjit.lang.jit_cache import clear_jit_cache
 from sgjit.runtime.runtime import Runtime
 
+
+def __getattr__(name: str):
+    if name == "RuntimeEndpoint":  # lazily: the HTTP client is not needed in-process
+        from sgjit.server.client import RuntimeEndpoint
+
+        return RuntimeEndpoint
+    raise AttributeError(f"module 'sgjit' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -40,6 +49,7 @@ __all__ = [
     "ProgramState",
     "ProgramStateGroup",
     "Runtime",
+    "RuntimeEndpoint",
     "SgjitError",
     "__version__",
     "assistant",

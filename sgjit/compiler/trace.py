@@ -142,6 +142,9 @@ class Recorder:
     def read_messages(self) -> list[dict[str, str]]:
         _fail("reads s.messages() while it runs")
 
+    def read_variables(self) -> dict[str, Any]:
+        _fail("reads s.variables() while it runs")
+
     def freeze(self) -> tuple[Node, ...]:
         """The recorded nodes, adjacent constants merged (so `s += "a"; s += "b"` plans as "ab")."""
         out: list[Node] = []

@@ -126,6 +126,10 @@ class ProgramExecutor:
         self.read_var(name)
         return self.meta_info.get(name)
 
+    def read_variables(self) -> dict[str, Any]:
+        self.sync()
+        return dict(self.variables)
+
     def read_text(self) -> str:
         self.sync()
         return self.text

@@ -19,17 +19,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from sgjit.compiler.execute import run_plan, text_args
+from sgjit.compiler.execute import text_args
 from sgjit.compiler.plan import GraphPlan
 from sgjit.compiler.trace import trace_program
 from sgjit.errors import ProgramError, TraceError
 from sgjit.lang.backend import Backend
 from sgjit.lang.default_backend import resolve_backend
 from sgjit.lang.defaults import RunDefaults
-from sgjit.lang.executor import ProgramExecutor
-from sgjit.lang.scope import program_scope
-from sgjit.lang.state import ProgramState, RunHandle
-from sgjit.lang.stream import EventLog
+from sgjit.lang.run import start_run
+from sgjit.lang.state import ProgramState
 
 log = logging.getLogger(__name__)
 
@@ -174,45 +172,16 @@ class Function:
         backend.register_function(self)
         self.backends.add(backend)
         chosen = self._plan_for(bound)
-        compile_plan = getattr(backend, "compile", None)
-        compiled = compile_plan(chosen[0]) if chosen is not None and compile_plan is not None else None
-        events = EventLog() if stream else None
-        if compiled is not None:
-            sequence = backend.open_sequence(protected=True)
-            root = ProgramExecutor(backend, defaults, sequence, events=events, encoder=compiled.encode)
-        else:
-            root = ProgramExecutor(backend, defaults, backend.open_sequence(), events=events)
-        run = RunHandle(events) if events is not None else None
-        state = ProgramState(root, plan_hash=chosen[0].plan_hash if chosen else None, run=run)
+        if chosen is not None:
+            remote = getattr(backend, "run_plan", None)
+            if remote is not None and not stream:  # a server runs the whole plan, registered once by hash
+                return remote(chosen[0], chosen[1], defaults)
+            return start_run(backend, defaults, stream, chosen[0], chosen[1], name=self.name)
 
-        def drive() -> None:
-            error: BaseException | None = None
-            try:
-                if chosen is not None:
-                    run_plan(chosen[0], chosen[1], root)
-                else:
-                    with program_scope():
-                        state.ret_value = self.func(state, *bound.args[1:], **bound.kwargs)
-            except BaseException as e:  # noqa: BLE001 - re-raised to the caller below
-                error = e
-            root.close(discard=error is not None)
-            try:
-                root.sync()
-            except BaseException as e:  # noqa: BLE001
-                error = error or e
-            if run is not None:
-                run.error = error
-                run.events.close(error)
-                run.finished.set()
-            elif error is not None:
-                raise error
+        def body(state: ProgramState) -> Any:
+            return self.func(state, *bound.args[1:], **bound.kwargs)
 
-        if run is None:
-            drive()
-        else:
-            run.driver = threading.Thread(target=drive, name=f"sgjit-run-{self.name}", daemon=True)
-            run.driver.start()
-        return state
+        return start_run(backend, defaults, stream, body=body, name=self.name)
 
 
 def function(func: Callable[..., Any] | None = None, *, jit: bool | None = None, **unknown: Any) -> Any:

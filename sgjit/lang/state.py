@@ -29,6 +29,7 @@ class ProgramSink(Protocol):
     def read_meta(self, name: str) -> Any: ...
     def read_text(self) -> str: ...
     def read_messages(self) -> list[dict[str, str]]: ...
+    def read_variables(self) -> dict[str, Any]: ...
 
 
 class RunHandle:
@@ -147,6 +148,10 @@ class ProgramState:
 
     def text(self) -> str:
         return self._ready().read_text()
+
+    def variables(self) -> dict[str, Any]:
+        """Every variable the program has set, by name (a copy)."""
+        return self._ready().read_variables()
 
     def messages(self) -> list[dict[str, str]]:
         """The roles so far as an OpenAI message list (the template's default system prompt is not

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi import Depends, FastAPI
 
 import sgjit
-from sgjit.server import native_api, openai_api
+from sgjit.server import native_api, openai_api, plans_api, profile_api
 from sgjit.server.args import ServerArgs
 from sgjit.server.auth import require_api_key
 from sgjit.server.errors import install_error_handlers
@@ -18,7 +18,7 @@ from sgjit.server.state import ServerState
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
 
-ROUTERS = (native_api.router, openai_api.router)
+ROUTERS = (native_api.router, openai_api.router, plans_api.router, profile_api.router)
 
 
 def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:

@@ -24,6 +24,7 @@ class ServerArgs:
     api_key: str | None = None
     log_level: str = "info"
     drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
+    profile_dir: str | None = None  # where /start_profile + /stop_profile write Chrome traces
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -107,6 +108,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM / Ctrl-C, seconds running requests may take to finish (default: %(default)s)",
     )
     p.add_argument("--log-level", default=server.log_level, choices=LOG_LEVELS, help="(default: %(default)s)")
+    p.add_argument(
+        "--profile-dir",
+        default=None,
+        help="enable POST /start_profile and /stop_profile, writing torch.profiler Chrome traces here",
+    )
 
 
 def _with_default(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
@@ -127,4 +133,5 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         api_key=ns.api_key,
         log_level=ns.log_level,
         drain_timeout=ns.drain_timeout,
+        profile_dir=ns.profile_dir,
     )

@@ -214,3 +214,18 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# ----- plans (JIT) -----
+class PlanRegisterRequest(Lenient):
+    plan: dict[str, Any] | str  # GraphPlan.to_json(), as a string or parsed
+
+
+class PlanRunRequest(Lenient):
+    args: dict[str, str] | list[dict[str, str]]  # one run, or a batch of runs
+    defaults: dict[str, Any] = {}  # run defaults for every gen: max_new_tokens, temperature, stop, ...
+    stream: bool = False
+
+
+class ProfileRequest(Lenient):
+    name: str | None = None

@@ -16,6 +16,7 @@ from sgjit.server.errors import unavailable
 from sgjit.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
+    from sgjit.compiler.plan import GraphPlan
     from sgjit.runtime.runtime import Runtime
     from sgjit.server.bridge import RequestGroup
 
@@ -32,6 +33,7 @@ class ServerState:
     runtime: Runtime | None = None
     phase: Phase = Phase.STARTING
     groups: set[RequestGroup] = field(default_factory=set)  # in flight (a stream until its last byte)
+    plans: dict[str, GraphPlan] = field(default_factory=dict)  # registered through POST /plans, by hash
     started_at: float = field(default_factory=time.time)
     metrics: ServerMetrics = field(init=False)
 
