@@ -27,7 +27,13 @@ def test_generate(tmp_path):
 
 
 def test_latency(tmp_path):
-    r = run_bench("latency", ["--smoke", "--device", "cpu"], tmp_path)
+    r = run_bench(
+        "latency",
+        ["--smoke", "--device", "cpu", "--plot", str(tmp_path), "--profile", str(tmp_path)],
+        tmp_path,
+    )
+    assert (tmp_path / "latency.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "latency-b1.trace.json").read_text())["traceEvents"]
     assert {row["engine"] for row in r["rows"]} == {"sgjit-jit", "sgjit", "transformers"}
     for key in ("prefill_ms", "decode_tok_s_per_seq", "decode_tok_s_total", "decode_roofline_tok_s_per_seq"):
         assert key in r["rows"][0]

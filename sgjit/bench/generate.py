@@ -15,7 +15,7 @@ import torch
 
 from sgjit.bench.ceilings import measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
-from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
 from sgjit.bench.timing import interleaved, synchronizer
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers peer")
-    p.add_argument("--out", default=None, help="write the result as JSON here")
+    add_output_args(p)
     args = p.parse_args(argv)
 
     from sgjit.runtime.runtime import Runtime
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.no_transformers:
         hf = rt.engine.call(lambda: load_transformers(rt))
         runners["transformers"] = transformers_runner(rt, hf, [ids])
-    times = interleaved(runners, args.new_tokens, args.repeat, synchronizer(rt.device))
+    with profiled(rt, args.profile, "generate"):
+        times = interleaved(runners, args.new_tokens, args.repeat, synchronizer(rt.device))
     rt.shutdown()
     rows = [row(name, len(ids), args.new_tokens, t1, tn, roof) for name, (t1, tn) in times.items()]
     if len(rows) == 2:
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ],
         )
     )
-    write_json(args.out, result)
+    finish(args, result)
     return result
 
 

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import sgjit
-from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.report import add_output_args, environment, finish, markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", default=None)
+    add_output_args(p)
     args = p.parse_args(argv)
     if args.smoke:
         args.repeat, args.decode_tokens = 1, 8
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"benchmark": "jit", "device": str(on.device), "model": on.model_config.name,
               "environment": environment(), "rows": [row]}  # fmt: skip
     print(markdown_table([row], list(row)))
-    write_json(args.out, result)
+    finish(args, result)
     return result
 
 

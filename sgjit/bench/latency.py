@@ -16,7 +16,7 @@ import torch
 
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
-from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
 from sgjit.bench.timing import interleaved, synchronizer
 from sgjit.bench.workload import synthetic_requests
 
@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
-    p.add_argument("--out", default=None)
+    add_output_args(p)
     return p
 
 
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runners = {name: sgjit_runner(runtimes[name], batch) for name in args.engines if name in runtimes}
             if hf is not None:
                 runners["transformers"] = transformers_runner(base, hf, batch)
-            times = interleaved(runners, args.output_len, args.repeat, sync)
+            with profiled(base, args.profile, f"latency-b{bs}"):
+                times = interleaved(runners, args.output_len, args.repeat, sync)
             prefill_roof, decode_roof = rooflines(base, ceilings, bs, args.input_len, args.output_len)
             for name, (t1, tn) in times.items():
                 per_seq = (args.output_len - 1) / max(tn - t1, 1e-9)
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ],
         )
     )
-    write_json(args.out, result)
+    finish(args, result)
     return result
 
 

@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tqdm import tqdm
+
 import sgjit
-from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.report import add_output_args, environment, finish, markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--workloads", nargs="+", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
-    p.add_argument("--out", default=None)
+    add_output_args(p)
     args = p.parse_args(argv)
     if args.smoke:
         args.prefix_tokens, args.repeat = 64, 1
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prefix = few_shot_prefix(args.prefix_tokens, lambda t: any_rt.tokenizer.encode(t))
         chosen = workloads(prefix)
         names = args.workloads or list(chosen)
-        for name in names:
+        for name in tqdm(names, desc="workloads", leave=False):
             fn, items = chosen[name]
             if args.smoke:
                 items = items[:2]
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows, ["workload", "jit", "prefix_cache", "programs_s", "latency_ms_p50", "vs_no_prefix_cache"]
         )
     )
-    write_json(args.out, result)
+    finish(args, result)
     return result
 
 

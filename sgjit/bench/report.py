@@ -36,3 +36,29 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 def write_json(path: str | Path | None, result: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(result, indent=2, default=str))
+
+
+def add_output_args(p) -> None:
+    """--out / --plot / --profile, the same for every benchmark."""
+    p.add_argument("--out", default=None, help="write the whole result as JSON here")
+    p.add_argument("--plot", default=None, metavar="DIR", help="write PNG charts here (needs matplotlib)")
+    p.add_argument(
+        "--profile", default=None, metavar="DIR", help="write a torch.profiler trace of the measured part"
+    )
+
+
+def profiled(rt, out_dir: str | None, name: str):
+    """A profiler window over the engine's work when --profile is given."""
+    import contextlib
+
+    return rt.profile(out_dir, name) if out_dir else contextlib.nullcontext()
+
+
+def finish(args, result: dict[str, Any]) -> None:
+    write_json(args.out, result)
+    if getattr(args, "plot", None):
+        from sgjit.bench.plot import plot_result
+
+        path = plot_result(result, args.plot)
+        if path is not None:
+            print(f"chart: {path}")

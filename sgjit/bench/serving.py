@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.report import add_output_args, environment, finish, markdown_table
 from sgjit.bench.timing import percentiles
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
-    p.add_argument("--out", default=None)
+    add_output_args(p)
     return p
 
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ],
         )
     )
-    write_json(args.out, result)
+    finish(args, result)
     return result
 
 

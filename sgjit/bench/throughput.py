@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sgjit.bench.ceilings import measure
-from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
-    p.add_argument("--out", default=None)
+    add_output_args(p)
     return p
 
 
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tn = run_batch(rt, single[1:])
         single_decode = (args.output_len - 1) / max(tn - t1, 1e-9)
         run_batch(rt, reqs[: args.max_concurrency])  # warm-up of the batched shapes
-        elapsed = run_batch(rt, reqs)
+        with profiled(rt, args.profile, "throughput"):
+            elapsed = run_batch(rt, reqs)
     finally:
         rt.shutdown()
     out_tokens = sum(r.output_len for r in reqs)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(f"ceilings: read {ceilings.read_gbps:.1f} GB/s on {ceilings.device}")
     print(markdown_table([row], list(row)))
-    write_json(args.out, result)
+    finish(args, result)
     return result
 
 

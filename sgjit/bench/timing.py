@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -30,7 +31,7 @@ def interleaved(
     for fn in runners.values():
         fn(new_tokens)  # warm-up: first-call costs (primitive creation, graph capture) stay out
     samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in runners}
-    for _ in range(repeat):
+    for _ in tqdm(range(repeat), desc="rounds", leave=False):
         for name, fn in runners.items():
             samples[name][0].append(timed(fn, 1, sync))
             samples[name][1].append(timed(fn, new_tokens, sync))

@@ -26,6 +26,7 @@ from sgjit.lang.chat import ChatTranscript
 from sgjit.lang.choices import METHODS
 from sgjit.lang.defaults import RunDefaults
 from sgjit.lang.stream import EventLog
+from sgjit.runtime.profiling import nvtx_range
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,10 @@ class ProgramExecutor:
                 self._cond.notify_all()
 
     def _apply(self, node: Node) -> None:
+        with nvtx_range(f"plan node {node.kind} {getattr(node, 'name', '') or ''}"):
+            self._apply_node(node)
+
+    def _apply_node(self, node: Node) -> None:
         if isinstance(node, ConstText):
             self._append(node.text)
         elif isinstance(node, RoleBegin):

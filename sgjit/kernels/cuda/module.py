@@ -21,6 +21,7 @@ import torch
 
 from sgjit.errors import KernelError
 from sgjit.kernels.sources import family_source
+from sgjit.runtime.profiling import nvtx_range
 from sgjit.settings import env
 
 log = logging.getLogger(__name__)
@@ -89,4 +90,5 @@ def ptr(t: torch.Tensor | None) -> np.uint64:
 def launch(kernel: Any, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
     if min(grid) <= 0:
         return
-    kernel(grid, (block,), args, shared_mem=smem, stream=current_stream())
+    with nvtx_range(kernel.name if hasattr(kernel, "name") else "sgjit kernel"):
+        kernel(grid, (block,), args, shared_mem=smem, stream=current_stream())
