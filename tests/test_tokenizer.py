@@ -52,3 +52,11 @@ def test_chat_template_matches_transformers(runtime, hf_tokenizer):
     assert ours == list(theirs)
     # The template's own default system prompt applies when the messages have none.
     assert "You are a helpful AI assistant" in runtime.tokenizer.apply_chat_template(messages)
+
+
+def test_byte_alphabet_is_tokenizers_byte_level_alphabet():
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from sgjit.runtime.tokenizer.byte_level import byte_alphabet
+
+    assert len(byte_alphabet()) == 256 and set(byte_alphabet()) == set(ByteLevel.alphabet())

@@ -8,30 +8,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sgjit.runtime.tokenizer.byte_level import byte_alphabet
+
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def byte_tokens() -> list[str]:
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    alphabet = ByteLevel.alphabet()
-    # GPT-2's byte -> unicode map, in byte order
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, (chr(c) for c in cs)))
-    tokens = [table[b] for b in range(256)]
-    assert set(tokens) == set(alphabet)
-    return tokens
+    """GPT-2's byte -> character map in byte order: the 256 tokens of a merge-free vocabulary."""
+    return byte_alphabet()
 
 
 def tiny_hf_llama(vocab: int, seed: int = 0):

@@ -11,7 +11,7 @@ from sgjit.runtime.tokenizer.tokenizer import Tokenizer as SgjitTokenizer
 CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def _byte_alphabet() -> list[str]:
+def byte_alphabet() -> list[str]:
     """GPT-2's byte -> printable character map, in byte order."""
     printable = [
         *range(ord("!"), ord("~") + 1),
@@ -29,7 +29,7 @@ def _byte_alphabet() -> list[str]:
 
 
 def byte_level_tokenizer() -> SgjitTokenizer:
-    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
