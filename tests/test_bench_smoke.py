@@ -64,6 +64,7 @@ def test_serving_against_a_live_server(runtime, tmp_path):
         server.stop()
     assert row["completed"] == row["requests"] == 8 and row["errors"] == 0
     assert row["ttft_p50_ms"] > 0 and row["output_tok_s"] > 0
+    assert 0 < row["pct_of_roofline"] < 100  # the sgjit server's model sizes and this CPU's ceilings
 
 
 @pytest.mark.gpu

@@ -55,3 +55,67 @@ def test_multi_step_stops_at_eos_and_max_tokens(runtimes):
     multi.flush_cache()
     s = multi.stats()
     assert s["kv_pages_free"] == s["kv_pages_total"]
+
+
+def test_sampled_multi_step_equals_single_step(runtimes):
+    """Seeded temperature / top-p / top-k sampling inside multi-step graphs (the on-device sampler,
+    Philox counter advanced on the device) draws what single-step graphs draw."""
+    _, single, multi = runtimes
+    ids = prompts(6, seed=3)
+    params = [
+        {"temperature": t, "top_p": p, "top_k": k, "seed": 100 + i, "max_new_tokens": 40, "ignore_eos": True}
+        for i, (t, p, k) in enumerate([(0.7, 1.0, 0), (1.0, 0.9, 0), (0.9, 1.0, 40)] * 2)
+    ]
+    before = multi.stats()["multi_step_launches"]
+    ref = [o["output_ids"] for o in single.generate(input_ids=ids, sampling_params=params)]
+    out = [o["output_ids"] for o in multi.generate(input_ids=ids, sampling_params=params)]
+    assert multi.stats()["multi_step_launches"] > before
+    assert out == ref
+    assert any(key[3] for key in multi.engine.runner.graphs._graphs)  # a sampled graph ran
+
+
+@sgjit.function
+def story(s, topic):
+    s += "Write a story about " + topic + ". Once upon a time"
+    s += sgjit.gen("story", max_tokens=24, temperature=0, ignore_eos=True)
+
+
+@sgjit.function
+def recipe(s, dish):
+    s += "Recipe book, chapter 3. Ingredients for " + dish + ":"
+    s += sgjit.gen("ingredients", max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def test_concurrent_plans_share_one_set_of_graphs(runtimes):
+    """Two programs with different plans, run at once, go through the runtime's one set of decode
+    graphs: once its buckets are captured, mixing the plans in a batch captures nothing new, and
+    each program's output equals its output alone."""
+    import threading
+
+    _, _, rt = runtimes
+    a_args = [{"topic": t} for t in ("a dragon", "the sea", "a robot", "winter")]
+    b_args = [{"dish": d} for d in ("soup", "bread", "curry", "salad")]
+    alone_a = [st["story"] for st in story.run_batch(a_args, backend=rt)]
+    alone_b = [st["ingredients"] for st in recipe.run_batch(b_args, backend=rt)]
+    graphs = rt.engine.runner.graphs
+
+    def warm() -> None:
+        for bs in (b for b in graphs.buckets if b <= 8):
+            for steps in (1, graphs.steps):
+                graphs.graph(bs, 512, steps)
+
+    rt.engine.call(warm)
+    captured = graphs.num_graphs
+    results: dict[str, list[str]] = {}
+    threads = [
+        threading.Thread(target=lambda: results.__setitem__("a", [s["story"] for s in story.run_batch(a_args, backend=rt)])),
+        threading.Thread(target=lambda: results.__setitem__("b", [s["ingredients"] for s in recipe.run_batch(b_args, backend=rt)])),
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results["a"] == alone_a and results["b"] == alone_b
+    assert graphs.num_graphs == captured  # no plan captured graphs of its own
+    stats = rt.stats()
+    assert stats["jit_compiles"] >= 2 and stats["jit_cache_hits"] >= 2

@@ -48,3 +48,26 @@ def test_bucketed_decode_matches_plain_decode(runtime, bucketed, steps):
     a = rt.chat(chat, {**GREEDY, "max_new_tokens": 30})
     assert a["text"] == runtime.chat(chat, {**GREEDY, "max_new_tokens": 30})["text"]  # stops at EOS
     assert_no_leaked_pages(rt)
+
+
+def test_sampled_multi_step_matches_single_steps(runtime, bucketed):
+    """Seeded sampling inside a multi-step launch draws exactly the tokens single steps draw (the
+    Philox counter is the token index, advanced on the device); unseeded rows sample too."""
+    rt, attach = bucketed
+    rt.engine.call(lambda: attach(4))
+    prompts = ["Once upon a time", "My favourite colour is", "def add(a, b):"]
+    params = [
+        {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": 13, "ignore_eos": True},
+        {"temperature": 1.0, "top_k": 20, "seed": 12, "max_new_tokens": 9, "ignore_eos": True},
+        {"temperature": 0.7, "min_p": 0.05, "seed": 13, "max_new_tokens": 11, "ignore_eos": True},
+    ]
+    ref = runtime.generate(prompts, params)
+    before = rt.stats()["multi_step_launches"]
+    out = rt.generate(prompts, params)
+    assert rt.stats()["multi_step_launches"] > before
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+    greedy = runtime.generate(prompts, [{**p, "temperature": 0.0} for p in params])
+    assert [o["output_ids"] for o in out] != [o["output_ids"] for o in greedy]  # it did sample
+    unseeded = rt.generate(prompts, [{**p, "seed": None} for p in params])
+    assert [len(o["output_ids"]) for o in unseeded] == [13, 9, 11]
+    assert_no_leaked_pages(rt)

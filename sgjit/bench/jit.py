@@ -21,6 +21,7 @@ from typing import Any
 
 import sgjit
 from sgjit.bench.report import add_output_args, environment, finish, markdown_table
+from sgjit.bench.timing import host_us_per_step
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 t = time.perf_counter()
                 code_complete.run(prompt="def fib(n):", temperature=0, backend=rt)
                 lat[name].append((time.perf_counter() - t) * 1000)
-        decode = {}
+        decode, host_us = {}, {}
         for name, rt in (("jit", on), ("no_jit", off)):
             ids = rt.tokenizer.encode("Once upon a time")
             params = {"max_new_tokens": args.decode_tokens, "temperature": 0, "ignore_eos": True}
             rt.generate(input_ids=ids, sampling_params=params)
+            before = rt.stats()
             t = time.perf_counter()
             rt.generate(input_ids=ids, sampling_params=params)
             decode[name] = args.decode_tokens / (time.perf_counter() - t)
+            host_us[name] = host_us_per_step(rt, before)
     finally:
         on.shutdown()
         off.shutdown()
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "program_ms_no_jit": statistics.median(lat["no_jit"]),
         "decode_tok_s_jit": decode["jit"],
         "decode_tok_s_no_jit": decode["no_jit"],
+        "host_us_per_decode_step_jit": host_us["jit"],
     }
     result = {"benchmark": "jit", "device": str(on.device), "model": on.model_config.name,
               "environment": environment(), "rows": [row]}  # fmt: skip

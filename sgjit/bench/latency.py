@@ -17,7 +17,7 @@ import torch
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
 from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
-from sgjit.bench.timing import interleaved, synchronizer
+from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runners = {name: sgjit_runner(runtimes[name], batch) for name in args.engines if name in runtimes}
             if hf is not None:
                 runners["transformers"] = transformers_runner(base, hf, batch)
+            before = {name: rt.stats() for name, rt in runtimes.items()}
             with profiled(base, args.profile, f"latency-b{bs}"):
                 times = interleaved(runners, args.output_len, args.repeat, sync)
+            host_us = {name: host_us_per_step(rt, before[name]) for name, rt in runtimes.items()}
             prefill_roof, decode_roof = rooflines(base, ceilings, bs, args.input_len, args.output_len)
             for name, (t1, tn) in times.items():
                 per_seq = (args.output_len - 1) / max(tn - t1, 1e-9)
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "prefill_roofline_ms": prefill_roof * 1000,
                     "decode_tok_s_per_seq": per_seq, "decode_tok_s_total": per_seq * bs,
                     "decode_roofline_tok_s_per_seq": decode_roof, "decode_pct_of_roofline": 100 * per_seq / decode_roof,
+                    "host_us_per_step": host_us.get(name),
                 })  # fmt: skip
             peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "transformers"), None)
             for r in rows:
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "decode_tok_s_total",
                 "decode_roofline_tok_s_per_seq",
                 "decode_pct_of_roofline",
+                "host_us_per_step",
                 "decode_vs_transformers",
                 "prefill_vs_transformers",
             ],

@@ -88,6 +88,33 @@ async def one_request(client, url: str, headers: dict, payload: dict, rec: Reque
         rec.error = f"{type(e).__name__}: {e}"
 
 
+def decode_roofline(info: dict[str, Any], bandwidth_gbps: float, batch: int, context: float) -> float:
+    """Output tok/s the memory bandwidth allows for `batch` rows decoding at `context` tokens each:
+    every step streams the weights once and each row's KV."""
+    step_bytes = info["weight_bytes"] + batch * context * info["kv_bytes_per_token"]
+    return batch * bandwidth_gbps * 1e9 / step_bytes
+
+
+async def server_roofline(client, url: str, headers: dict, args: argparse.Namespace) -> dict[str, Any]:
+    """For an sgjit server on this machine: its model's sizes (`/get_model_info`), the ceilings of its
+    device measured here, and the decode roofline at the benchmark's concurrency. Other servers: {}."""
+    import torch
+
+    from sgjit.bench.ceilings import measure
+
+    resp = await client.get(f"{url}/get_model_info", headers=headers)
+    info = resp.json() if resp.status_code == 200 else {}
+    if "weight_bytes" not in info:
+        return {}
+    device = torch.device(info["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return {}
+    ceilings = measure(device)
+    batch = min(args.max_concurrency or args.num_prompts, args.num_prompts)
+    roof = decode_roofline(info, ceilings.bandwidth_gbps, batch, args.input_len + args.output_len / 2)
+    return {"ceilings": ceilings.as_dict(), "decode_roofline_tok_s": roof, "roofline_batch": batch}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -100,6 +127,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model = (
             args.model or (await client.get(f"{args.url}/v1/models", headers=headers)).json()["data"][0]["id"]
         )
+        roofline = await server_roofline(client, args.url, headers, args)
         reqs = synthetic_requests(
             args.workload, args.num_prompts, args.input_len, args.output_len, 30000, args.seed
         )
@@ -135,9 +163,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         **{f"itl_{k}_ms": v for k, v in ms(percentiles([x for r in ok for x in r.itl])).items()},
         **{f"e2e_{k}_ms": v for k, v in ms(percentiles([r.e2e for r in ok])).items()},
     }  # fmt: skip
+    if roofline:
+        row["decode_roofline_tok_s"] = roofline["decode_roofline_tok_s"]
+        row["pct_of_roofline"] = 100 * row["output_tok_s"] / roofline["decode_roofline_tok_s"]
     errors = sorted({r.error for r in records if not r.ok})[:5]
     return {"benchmark": "serving", "url": args.url, "model": model, "environment": environment(),
-            "rows": [row], "error_samples": errors}  # fmt: skip
+            "ceilings": roofline.get("ceilings"), "rows": [row], "error_samples": errors}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -156,6 +187,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "errors",
                 "max_concurrency",
                 "output_tok_s",
+                "decode_roofline_tok_s",
+                "pct_of_roofline",
                 "ttft_p50_ms",
                 "ttft_p99_ms",
                 "tpot_p50_ms",

@@ -48,3 +48,12 @@ def percentiles(values: list[float], ps: tuple[int, ...] = (50, 90, 99)) -> dict
         lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
         out[f"p{p}"] = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
     return out
+
+
+def host_us_per_step(rt, before: dict[str, Any]) -> float | None:
+    """Host time of a decode step inside multi-step launches since `before` (None: there were none)."""
+    after = rt.stats()
+    launches = after["multi_step_launches"] - before["multi_step_launches"]
+    if not launches:
+        return None
+    return (after["multi_step_host_us"] - before["multi_step_host_us"]) / (launches * rt.config.multi_step)

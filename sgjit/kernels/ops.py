@@ -54,7 +54,7 @@ class AttentionMetadata:
 @dataclass(slots=True)
 class SamplingTensors:
     """Per-row sampling parameters for one step, on the logits' device. temperature 0 = greedy;
-    top_k <= 0 = off; seeds < 0 = not seeded (draw from the sampler's generator)."""
+    top_k <= 0 = off; seeds < 0 = not seeded (draw from the sampler's generator, or use `draw`)."""
 
     temperature: torch.Tensor  # float32 [B]
     top_p: torch.Tensor  # float32 [B]
@@ -65,6 +65,9 @@ class SamplingTensors:
     all_greedy: bool
     seeds_host: list[int]
     steps_host: list[int]
+    # int64 [1] on the device: the Philox key of unseeded rows, drawn ahead of time so a CUDA graph
+    # can replay the sampling without the host; None = the op draws one from its generator.
+    draw: torch.Tensor | None = None
 
 
 RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]

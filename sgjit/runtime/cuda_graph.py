@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from sgjit.kernels.ops import AttentionMetadata
+from sgjit.kernels import reference
+from sgjit.kernels.ops import AttentionMetadata, SamplingTensors
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import SCRATCH_PAGE, PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
+from sgjit.runtime.sampler import RowSampling
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,16 @@ class _Buffers:
     """Static inputs for one context bucket, sized for the largest batch bucket, with pinned host
     twins so a step's inputs go over in a few copies."""
 
-    scalars: torch.Tensor  # int64 [5, max_bs]: token, position, slot, kv length, budget
+    scalars: torch.Tensor  # int64 [8, max_bs]: token, position, slot, kv length, budget, top_k, seed, step
+    fscalars: torch.Tensor  # float32 [3, max_bs]: temperature, top_p, min_p (multi-step sampling)
+    draws: torch.Tensor  # int64 [steps]: Philox key of unseeded rows, one a step
     kv_lens: torch.Tensor  # int32 [max_bs] (ops take int32 lengths)
     qo_indptr: torch.Tensor
     page_table: torch.Tensor
     rows: torch.Tensor  # arange, the logits indices
     stop_on_eos: torch.Tensor  # multi-step: bool, the row ends at EOS (not ignore_eos)
     host_scalars: torch.Tensor
+    host_fscalars: torch.Tensor
     host_table: torch.Tensor
     host_stop: torch.Tensor
 
@@ -61,6 +66,17 @@ class _Buffers:
     @property
     def budgets(self) -> torch.Tensor:
         return self.scalars[4]
+
+    def sampling(self, bs: int, k: int, host: RowSampling | None) -> SamplingTensors:
+        """Step k's sampling parameters as views of the static buffers (the graph reads them on
+        replay); the host lists serve the reference op of eager (capture=False) runs."""
+        seeds = host.seeds if host is not None else [-1] * bs
+        steps = [s + k for s in host.steps] if host is not None else [k] * bs
+        return SamplingTensors(
+            temperature=self.fscalars[0, :bs], top_p=self.fscalars[1, :bs], top_k=self.scalars[5, :bs],
+            min_p=self.fscalars[2, :bs], seeds=self.scalars[6, :bs], steps=self.scalars[7, :bs],
+            all_greedy=False, seeds_host=seeds, steps_host=steps, draw=self.draws[k : k + 1],
+        )  # fmt: skip
 
 
 class DecodeGraphs:
@@ -87,12 +103,17 @@ class DecodeGraphs:
             self.max_bs, model.config.vocab_size, dtype=torch.float32, device=self.device
         )
         self.steps = steps
+        # Sampled (non-greedy) multi-step graphs need a sampling op that reads every parameter from
+        # device memory; the reference op reads host lists, which a replay cannot change.
+        self.samples_on_device = not capture or model.ops.sample is not reference.sample
+        self._host_sampling: RowSampling | None = None
         self.out_tokens = torch.zeros(steps, self.max_bs, dtype=torch.int64, device=self.device)
         self.eos = torch.tensor(eos_token_ids or (-1,), dtype=torch.int64, device=self.device)
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
-        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self._buffers: dict[int, _Buffers] = {}
         self.capture_seconds = 0.0
+        self.last_wait_seconds = 0.0  # how long the last multi-step launch waited for the device
 
     # ----- shapes -----
     def batch_bucket(self, n: int) -> int:
@@ -118,13 +139,16 @@ class DecodeGraphs:
             pages = self.pool.pages_for(ctx)
             pinned = dict(pin_memory=dev.type == "cuda")
             self._buffers[ctx] = _Buffers(
-                scalars=torch.zeros(5, n, dtype=torch.int64, device=dev),
+                scalars=torch.zeros(8, n, dtype=torch.int64, device=dev),
+                fscalars=torch.zeros(3, n, dtype=torch.float32, device=dev),
+                draws=torch.zeros(self.steps, dtype=torch.int64, device=dev),
                 kv_lens=torch.ones(n, dtype=torch.int32, device=dev),
                 qo_indptr=torch.arange(n + 1, dtype=torch.int32, device=dev),
                 page_table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, device=dev),
                 rows=torch.arange(n, dtype=torch.int64, device=dev),
                 stop_on_eos=torch.ones(n, dtype=torch.bool, device=dev),
-                host_scalars=torch.zeros(5, n, dtype=torch.int64, **pinned),
+                host_scalars=torch.zeros(8, n, dtype=torch.int64, **pinned),
+                host_fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
                 host_table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
                 host_stop=torch.ones(n, dtype=torch.bool, **pinned),
             )
@@ -140,10 +164,13 @@ class DecodeGraphs:
         )  # fmt: skip
         return ForwardBatch(b.input_ids[:bs], b.positions[:bs], b.slots[:bs], meta, b.rows[:bs])
 
-    def _decode_steps(self, batch: ForwardBatch, bs: int, ctx: int, steps: int) -> None:
-        """What a graph holds: one step writing logits, or `steps` greedy steps that feed each token
-        back, advance positions and KV slots on the device, and send rows that are done (EOS, out of
-        budget) to the scratch page so they never write past the pages reserved for them."""
+    def _decode_steps(
+        self, batch: ForwardBatch, bs: int, ctx: int, steps: int, sampled: bool = False
+    ) -> None:
+        """What a graph holds: one step writing logits, or `steps` steps that pick each token on the
+        device (argmax, or the ops' sampler when `sampled`), feed it back, advance positions, KV slots
+        and sampling steps, and send rows that are done (EOS, out of budget) to the scratch page so
+        they never write past the pages reserved for them."""
         layers = self.pool.layers
         if steps == 1:
             self.logits[:bs].copy_(self.model.forward(batch, layers))
@@ -154,7 +181,12 @@ class DecodeGraphs:
         positions, kv_lens, slots = b.positions[:bs], b.kv_lens[:bs], b.slots[:bs]
         done = torch.zeros(bs, dtype=torch.bool, device=self.device)
         for k in range(steps):
-            nxt = self.model.forward(batch, layers).argmax(dim=-1)
+            logits = self.model.forward(batch, layers)
+            if sampled:
+                nxt = self.model.ops.sample(logits, b.sampling(bs, k, self._host_sampling), None)
+                b.scalars[7, :bs].add_(1)
+            else:
+                nxt = logits.argmax(dim=-1)
             self.out_tokens[k, :bs].copy_(nxt)
             at_eos = (nxt[:, None] == self.eos[None, :]).any(dim=-1) & b.stop_on_eos[:bs]
             done = done | at_eos | (b.budgets[:bs] <= k + 1)
@@ -164,7 +196,7 @@ class DecodeGraphs:
             page = table.gather(1, (positions // ps).clamp_max(table.shape[1] - 1)[:, None])[:, 0]
             slots.copy_(torch.where(done, SCRATCH_PAGE * ps, page.to(torch.int64) * ps + positions % ps))
 
-    def _capture(self, bs: int, ctx: int, steps: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, bs: int, ctx: int, steps: int, sampled: bool) -> torch.cuda.CUDAGraph:
         t0 = time.perf_counter()
         batch = self._batch(bs, ctx)
         b = self._buffers_for(ctx)
@@ -173,34 +205,35 @@ class DecodeGraphs:
         with torch.cuda.stream(side):  # warm-up outside capture: lazy inits, kernel compiles, workspaces
             for _ in range(2):
                 self._park(b)  # NOTE: the buffers may hold live rows' slots; warm-up writes to scratch only
-                self._decode_steps(batch, bs, ctx, steps)
+                self._decode_steps(batch, bs, ctx, steps, sampled)
         torch.cuda.current_stream().wait_stream(side)
         self._park(b)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
-            self._decode_steps(batch, bs, ctx, steps)
+            self._decode_steps(batch, bs, ctx, steps, sampled)
         torch.cuda.synchronize()
         self.capture_seconds += time.perf_counter() - t0
         log.debug(
-            "captured decode graph bs=%d ctx=%d steps=%d in %.0f ms",
+            "captured decode graph bs=%d ctx=%d steps=%d%s in %.0f ms",
             bs,
             ctx,
             steps,
+            " sampled" if sampled else "",
             (time.perf_counter() - t0) * 1000,
         )
         return graph
 
-    def graph(self, bs: int, ctx: int, steps: int = 1) -> torch.cuda.CUDAGraph:
-        key = (bs, ctx, steps)
+    def graph(self, bs: int, ctx: int, steps: int = 1, sampled: bool = False) -> torch.cuda.CUDAGraph:
+        key = (bs, ctx, steps, sampled)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(bs, ctx, steps)
+            self._graphs[key] = self._capture(bs, ctx, steps, sampled)
         return self._graphs[key]
 
-    def _execute(self, bs: int, ctx: int, steps: int) -> None:
+    def _execute(self, bs: int, ctx: int, steps: int, sampled: bool = False) -> None:
         if self.capture:
-            self.graph(bs, ctx, steps).replay()
+            self.graph(bs, ctx, steps, sampled).replay()
         else:
-            self._decode_steps(self._batch(bs, ctx), bs, ctx, steps)
+            self._decode_steps(self._batch(bs, ctx), bs, ctx, steps, sampled)
 
     def warm(self, max_bs: int | None = None, contexts: list[int] | None = None) -> None:
         """Capture ahead of time (largest first, so smaller graphs reuse the pool's memory)."""
@@ -217,8 +250,9 @@ class DecodeGraphs:
 
     # ----- replay -----
     def _load(
-        self, bs: int, ctx: int, tokens, positions, slots, page_rows, budgets=None, stop_on_eos=None
-    ) -> None:
+        self, bs: int, ctx: int, tokens, positions, slots, page_rows, budgets=None, stop_on_eos=None,
+        sampling: RowSampling | None = None,
+    ) -> None:  # fmt: skip
         """Rows into the static buffers through their pinned twins (padding rows read and write the
         scratch page). NOTE: the host twins are reused by the next step only after this one's results
         were read back, so the asynchronous copies have finished by then."""
@@ -233,6 +267,13 @@ class DecodeGraphs:
         h[2, :n] = slots
         h[3, :n] = h[1, :n] + 1
         h[4, :n] = budgets if budgets is not None else 1
+        if sampling is not None:
+            h[5, :n], h[6, :n], h[7, :n] = sampling.top_k, sampling.seeds, sampling.steps
+            h[6, n:bs] = -1
+            f = b.host_fscalars.numpy()
+            f[:, n:bs] = ((0.0,), (1.0,), (0.0,))  # padding rows: greedy
+            f[0, :n], f[1, :n], f[2, :n] = sampling.temperature, sampling.top_p, sampling.min_p
+            b.fscalars[:, :bs].copy_(b.host_fscalars[:, :bs], non_blocking=True)
         table = b.host_table.numpy()
         table[:bs] = SCRATCH_PAGE
         width = table.shape[1]
@@ -266,14 +307,32 @@ class DecodeGraphs:
         page_rows: list[list[int]],
         budgets: list[int],
         stop_on_eos: list[bool],
+        sampling: RowSampling | None = None,
+        generator: torch.Generator | None = None,
     ) -> list[list[int]]:
-        """`self.steps` greedy tokens for every row, with one host sync. Tokens a row draws after it is
-        done (EOS or out of budget) are returned too; the caller drops them."""
+        """`self.steps` tokens for every row, with one host sync: greedy, or drawn on the device with
+        each row's `sampling` parameters (needs `samples_on_device`; seeded rows draw exactly what
+        single steps draw, unseeded ones from keys taken from `generator`). Tokens a row draws after
+        it is done (EOS or out of budget) are returned too; the caller drops them."""
         n = len(tokens)
         bs = self.batch_bucket(n)
         ctx = self.context_bucket(max(positions) + self.steps)
+        sampled = sampling is not None and not sampling.all_greedy
+        if sampled and not self.samples_on_device:
+            raise RuntimeError("sampled multi-step decoding needs the on-device sampling op")
         if self.capture:
-            self.graph(bs, ctx, self.steps)
-        self._load(bs, ctx, tokens, positions, slots, page_rows, budgets, stop_on_eos)
-        self._execute(bs, ctx, self.steps)
+            self.graph(bs, ctx, self.steps, sampled)
+        b = self._buffers_for(ctx)
+        self._load(
+            bs, ctx, tokens, positions, slots, page_rows, budgets, stop_on_eos, sampling if sampled else None
+        )
+        if sampled and min(sampling.seeds) < 0:
+            b.draws.random_(0, 2**62, generator=generator)
+        self._host_sampling = sampling if sampled else None
+        self._execute(bs, ctx, self.steps, sampled)
+        self._host_sampling = None
+        t = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        self.last_wait_seconds = time.perf_counter() - t  # the host's share of a launch excludes this
         return self.out_tokens[:, :n].t().tolist()

@@ -23,7 +23,7 @@ from sgjit.runtime.model_runner import ModelRunner, StepLogits
 from sgjit.runtime.profiling import nvtx_range
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, Status
-from sgjit.runtime.sampler import Sampler, logprob_entries
+from sgjit.runtime.sampler import RowSampling, Sampler, logprob_entries
 from sgjit.runtime.scheduler import RowChunk, Scheduler
 from sgjit.runtime.tokenizer import Tokenizer
 
@@ -64,6 +64,9 @@ class Engine:
             "requests_total": 0,
             "steps": 0,
             "multi_step_launches": 0,
+            # host time of multi-step launches (schedule, load, replay, hand out tokens), without the
+            # wait for the device: divided by launches x steps, the host cost of a decode step
+            "multi_step_host_us": 0,
         }
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._by_id: dict[str, Request] = {}
@@ -192,11 +195,12 @@ class Engine:
                     self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
 
     def _multi_step_ok(self, req: Request) -> bool:
-        """Rows the device can finish on its own between host syncs: greedy, and no host decision
-        (stop string, grammar, penalty, logprobs, min-token block) needed between tokens."""
+        """Rows the device can finish on its own between host syncs: greedy, or sampled where the
+        sampling op runs on the device, and no host decision (stop string, grammar, penalty, logprobs,
+        min-token block) needed between tokens."""
         p = req.params
         return (
-            p.is_greedy and not p.stop and not p.stop_token_ids and req.grammar is None and not req.return_logprob
+            (p.is_greedy or self.runner.samples_on_device) and not p.stop and not p.stop_token_ids and req.grammar is None and not req.return_logprob
             and not p.has_penalties and req.num_output >= p.min_new_tokens
         )  # fmt: skip
 
@@ -208,13 +212,17 @@ class Engine:
         running = self.scheduler.running
         if not running or self.scheduler.waiting or not all(self._multi_step_ok(r) for r in running):
             return False
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule_decode_ahead(self._budget)
         if batch is None:
             return False
         budgets = [self._budget(r.req) for r in batch.rows]
         stop_on_eos = [not r.req.params.ignore_eos for r in batch.rows]
         try:
-            out = self.runner.forward_multi(batch.rows, budgets, stop_on_eos)
+            sampling = RowSampling.of([r.req for r in batch.rows])
+            out = self.runner.forward_multi(
+                batch.rows, budgets, stop_on_eos, sampling, self.sampler.generator
+            )
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             log.exception("multi-step decode failed; failing its %d requests", len(batch.rows))
             for row in batch.rows:
@@ -232,6 +240,8 @@ class Engine:
                 self._append_token(req, tok, now)
                 if req.status is Status.FINISHED:
                     break
+        host = time.perf_counter() - t0 - self.runner.graphs.last_wait_seconds
+        self.counters["multi_step_host_us"] += int(host * 1e6)
         return True
 
     def _fail_unschedulable(self) -> None:

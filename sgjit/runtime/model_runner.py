@@ -12,6 +12,7 @@ from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
+from sgjit.runtime.sampler import RowSampling
 from sgjit.runtime.scheduler import RowChunk
 
 
@@ -111,11 +112,21 @@ class ModelRunner:
     def multi_steps(self) -> int:
         return self.graphs.steps if self.graphs is not None else 1
 
+    @property
+    def samples_on_device(self) -> bool:
+        """Multi-step graphs can sample (not only take the argmax) without the host."""
+        return self.graphs is not None and self.graphs.samples_on_device
+
     def forward_multi(
-        self, rows: list[RowChunk], budgets: list[int], stop_on_eos: list[bool]
+        self,
+        rows: list[RowChunk],
+        budgets: list[int],
+        stop_on_eos: list[bool],
+        sampling: RowSampling | None = None,
+        generator: torch.Generator | None = None,
     ) -> list[list[int]] | None:
-        """`multi_steps` greedy tokens a row from one multi-step graph; None when the batch does not fit
-        the graphs (the caller then takes a single step)."""
+        """`multi_steps` tokens a row from one multi-step graph (greedy unless `sampling` says
+        otherwise); None when the batch does not fit the graphs (the caller then takes a single step)."""
         if self.graphs is None or not self.graphs.can_run(
             len(rows), max(r.end for r in rows) + self.multi_steps
         ):
@@ -125,5 +136,5 @@ class ModelRunner:
         positions = [r.start for r in rows]
         slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
         return self.graphs.run_multi(
-            tokens, positions, slots, [r.req.pages for r in rows], budgets, stop_on_eos
+            tokens, positions, slots, [r.req.pages for r in rows], budgets, stop_on_eos, sampling, generator
         )

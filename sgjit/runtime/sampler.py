@@ -4,10 +4,58 @@ SGLang returns."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sgjit.kernels.ops import OpTable, SamplingTensors
 from sgjit.runtime.request import LogprobEntry, Request
+
+
+@dataclass(slots=True)
+class RowSampling:
+    """Each row's sampling parameters on the host, a list entry a row (temperature 0 = greedy). The
+    step sampler copies them to the device as `SamplingTensors`; multi-step graphs load them into
+    their static buffers."""
+
+    temperature: list[float]
+    top_p: list[float]
+    top_k: list[int]
+    min_p: list[float]
+    seeds: list[int]  # -1 = not seeded
+    steps: list[int]  # tokens the request has generated: the Philox counter of seeded rows
+
+    @classmethod
+    def of(cls, reqs: list[Request]) -> RowSampling:
+        ps = [r.params for r in reqs]
+        return cls(
+            temperature=[0.0 if p.is_greedy else p.temperature for p in ps],
+            top_p=[p.top_p for p in ps],
+            top_k=[p.top_k for p in ps],
+            min_p=[p.min_p for p in ps],
+            seeds=[p.seed if p.seed is not None else -1 for p in ps],
+            steps=[r.num_output for r in reqs],
+        )
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(t <= 0.0 for t in self.temperature)
+
+    def to_device(self, device: torch.device) -> SamplingTensors:
+        def f32(xs: list[float]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.float32, device=device)
+
+        return SamplingTensors(
+            temperature=f32(self.temperature),
+            top_p=f32(self.top_p),
+            top_k=torch.tensor(self.top_k, dtype=torch.int32, device=device),
+            min_p=f32(self.min_p),
+            seeds=torch.tensor(self.seeds, dtype=torch.int64, device=device),
+            steps=torch.tensor(self.steps, dtype=torch.int64, device=device),
+            all_greedy=self.all_greedy,
+            seeds_host=self.seeds,
+            steps_host=self.steps,
+        )
 
 
 class Sampler:
@@ -55,24 +103,7 @@ class Sampler:
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
     def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
-        dev = self.device
-        seeds = [r.params.seed if r.params.seed is not None else -1 for r in reqs]
-        steps = [r.num_output for r in reqs]
-        return SamplingTensors(
-            temperature=torch.tensor(
-                [r.params.temperature if not r.params.is_greedy else 0.0 for r in reqs],
-                dtype=torch.float32,
-                device=dev,
-            ),
-            top_p=torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([r.params.top_k for r in reqs], dtype=torch.int32, device=dev),
-            min_p=torch.tensor([r.params.min_p for r in reqs], dtype=torch.float32, device=dev),
-            seeds=torch.tensor(seeds, dtype=torch.int64, device=dev),
-            steps=torch.tensor(steps, dtype=torch.int64, device=dev),
-            all_greedy=all(r.params.is_greedy for r in reqs),
-            seeds_host=seeds,
-            steps_host=steps,
-        )
+        return RowSampling.of(reqs).to_device(self.device)
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         return self.ops.sample(logits, self.sampling_tensors(reqs), self.generator).tolist()

@@ -80,6 +80,10 @@ def model_info(state: ServerState) -> dict[str, Any]:
         "head_dim": mc.head_dim,
         "max_model_len": rt.max_model_len,
         "dtype": dtype_name(rt.dtype),
+        "device": str(rt.device),
+        "num_params": mc.num_params(),
+        "weight_bytes": mc.num_params() * torch.empty(0, dtype=rt.dtype).element_size(),
+        "kv_bytes_per_token": rt.pool.bytes_per_token,
     }
 
 

@@ -42,8 +42,8 @@ class Sampling:
         out = torch.empty(b, dtype=torch.int64, device=dev)
         if generator is not None and generator.device != dev:
             generator = None
-        draw = out  # unused by all-greedy launches
-        if not st.all_greedy:
+        draw = st.draw if st.draw is not None else out  # `out`: unused by all-greedy launches
+        if not st.all_greedy and st.draw is None:
             draw = torch.randint(0, 2**62, (1,), device=dev, dtype=torch.int64, generator=generator)
         launch(
             self.sample_kernel, (b,), SAMPLE_THREADS,
