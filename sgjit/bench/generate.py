@@ -15,7 +15,15 @@ import torch
 
 from sgjit.bench.ceilings import measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
-from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
+from sgjit.bench.report import (
+    add_model_args,
+    add_output_args,
+    environment,
+    finish,
+    markdown_table,
+    model_arg,
+    profiled,
+)
 from sgjit.bench.timing import interleaved, synchronizer
 
 log = logging.getLogger(__name__)
@@ -45,7 +53,7 @@ def row(name: str, n_prompt: int, new_tokens: int, t1: float, tn: float, roof: f
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m sgjit.bench.generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
+    add_model_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument(
         "--dtype", default=None, help="compute dtype for both engines (default fp32 on CPU, bf16 on GPU)"
@@ -58,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from sgjit.runtime.runtime import Runtime
 
-    rt = Runtime(args.model, device=args.device, dtype=args.dtype, enable_prefix_cache=False)
+    rt = Runtime(model_arg(args), device=args.device, dtype=args.dtype, enable_prefix_cache=False)
     ceilings = rt.engine.call(lambda: measure(rt.device))  # on the engine thread: one OpenMP pool
     weight_bytes = rt.model_config.num_params() * torch.empty(0, dtype=rt.dtype).element_size()
     roof = ceilings.bandwidth_gbps * 1e9 / weight_bytes

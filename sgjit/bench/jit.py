@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import sgjit
-from sgjit.bench.report import add_output_args, environment, finish, markdown_table
+from sgjit.bench.report import add_model_args, add_output_args, environment, finish, markdown_table, model_arg
 from sgjit.bench.timing import host_us_per_step
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def repo_root() -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m sgjit.bench.jit", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
+    add_model_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--decode-tokens", type=int, default=64)
@@ -57,14 +57,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     cache_dir = tempfile.mkdtemp(prefix="sgjit-bench-jit-")
     os.environ["SGJIT_CACHE_DIR"] = cache_dir
-    on = sgjit.Runtime(args.model, device=args.device, enable_jit=True)
-    off = sgjit.Runtime(args.model, device=args.device)
+    on = sgjit.Runtime(model_arg(args), device=args.device, enable_jit=True)
+    off = sgjit.Runtime(model_arg(args), device=args.device)
     try:
         plan = code_complete.plan()
         t = time.perf_counter()
         on.jit.compile(plan)
         cold_ms = (time.perf_counter() - t) * 1000
-        script = FRESH_PROCESS.format(root=repo_root(), model=args.model, device=str(on.device))
+        script = FRESH_PROCESS.format(root=repo_root(), model=model_arg(args), device=str(on.device))
         env = {**os.environ, "SGJIT_CACHE_DIR": cache_dir}
         fresh = json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                                           check=True).stdout.strip().splitlines()[-1])  # fmt: skip

@@ -16,7 +16,15 @@ import torch
 
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
-from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
+from sgjit.bench.report import (
+    add_model_args,
+    add_output_args,
+    environment,
+    finish,
+    markdown_table,
+    model_arg,
+    profiled,
+)
 from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
 from sgjit.bench.workload import synthetic_requests
 
@@ -26,10 +34,7 @@ ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sgjit.bench.latency", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2)")
-    p.add_argument(
-        "--model-shape", default=None, help="random weights of a real shape: llama3-8b, qwen2.5-7b, ..."
-    )
+    add_model_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None)
     p.add_argument("--batch-size", type=int, nargs="+", default=[1])
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.batch_size, args.input_len, args.output_len, args.repeat = [1, 2], 8, 4, 1
     from sgjit.runtime.runtime import Runtime
 
-    model = f"random:{args.model_shape}" if args.model_shape else args.model
+    model = model_arg(args)
     need = max(args.batch_size) * (args.input_len + args.output_len + 32)
     opts = dict(device=args.device, dtype=args.dtype, max_total_tokens=need, enable_prefix_cache=False)
     runtimes = {"sgjit": Runtime(model, **opts)}

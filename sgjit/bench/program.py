@@ -17,7 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 import sgjit
-from sgjit.bench.report import add_output_args, environment, finish, markdown_table
+from sgjit.bench.report import add_model_args, add_output_args, environment, finish, markdown_table, model_arg
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,15 @@ def measure(fn, items: list[dict[str, Any]], rt, repeat: int, concurrency: int) 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m sgjit.bench.program", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
+    add_model_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--prefix-tokens", type=int, default=1024, help="shared prefix of the few-shot workload")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument(
+        "--max-total-tokens", type=int, default=None,
+        help="KV pool of each of the four runtimes (on a GPU set it so four copies of the model fit)",
+    )  # fmt: skip
     p.add_argument("--workloads", nargs="+", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     add_output_args(p)
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.prefix_tokens, args.repeat = 64, 1
     rows = []
     configs = [(jit, cache) for jit in (True, False) for cache in (True, False)]
-    runtimes = {c: sgjit.Runtime(args.model, device=args.device, enable_jit=c[0], enable_prefix_cache=c[1])
+    runtimes = {c: sgjit.Runtime(model_arg(args), device=args.device, enable_jit=c[0], enable_prefix_cache=c[1],
+                                max_total_tokens=args.max_total_tokens)
                 for c in configs}  # fmt: skip
     try:
         any_rt = runtimes[configs[0]]

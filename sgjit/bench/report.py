@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
@@ -62,3 +63,18 @@ def finish(args, result: dict[str, Any]) -> None:
         path = plot_result(result, args.plot)
         if path is not None:
             print(f"chart: {path}")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """`--model` (a name or path) and `--model-shape` (random weights of a real shape); read back
+    with `model_arg`."""
+    p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2)")
+    p.add_argument(
+        "--model-shape",
+        default=None,
+        help="random weights of a real shape: llama3-8b, qwen2.5-7b, mistral-7b, ...",
+    )
+
+
+def model_arg(args: argparse.Namespace) -> str | None:
+    return f"random:{args.model_shape}" if args.model_shape else args.model

@@ -13,7 +13,15 @@ from typing import Any
 import torch
 
 from sgjit.bench.ceilings import measure
-from sgjit.bench.report import add_output_args, environment, finish, markdown_table, profiled
+from sgjit.bench.report import (
+    add_model_args,
+    add_output_args,
+    environment,
+    finish,
+    markdown_table,
+    model_arg,
+    profiled,
+)
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
@@ -21,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sgjit.bench.throughput", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
+    add_model_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None)
     p.add_argument("--enable-jit", action="store_true")
@@ -54,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sgjit.runtime.runtime import Runtime
 
     rt = Runtime(
-        args.model, device=args.device, dtype=args.dtype, enable_jit=args.enable_jit,
+        model_arg(args), device=args.device, dtype=args.dtype, enable_jit=args.enable_jit,
         max_running_requests=args.max_concurrency, enable_prefix_cache=False,
     )  # fmt: skip
     try:
