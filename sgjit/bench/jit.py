@@ -29,7 +29,7 @@ FRESH_PROCESS = """
 import json, sys, time, sgjit
 sys.path.insert(0, {root!r})
 from examples.code_complete import code_complete
-rt = sgjit.Runtime({model!r}, device={device!r}, enable_jit=True)
+rt = sgjit.Runtime({model!r}, device={device!r}, enable_jit=True, max_total_tokens={tokens})
 t = time.perf_counter()
 compiled = rt.jit.compile(code_complete.plan())
 print(json.dumps({{"compile_ms": (time.perf_counter() - t) * 1000, "disk_hits": rt.stats()["jit_disk_hits"]}}))
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--device", default="auto")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool of each runtime")
     p.add_argument("--smoke", action="store_true")
     add_output_args(p)
     args = p.parse_args(argv)
@@ -57,14 +58,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     cache_dir = tempfile.mkdtemp(prefix="sgjit-bench-jit-")
     os.environ["SGJIT_CACHE_DIR"] = cache_dir
-    on = sgjit.Runtime(model_arg(args), device=args.device, enable_jit=True)
-    off = sgjit.Runtime(model_arg(args), device=args.device)
+    pool = dict(max_total_tokens=args.max_total_tokens)  # two runtimes share the device
+    on = sgjit.Runtime(model_arg(args), device=args.device, enable_jit=True, **pool)
+    off = sgjit.Runtime(model_arg(args), device=args.device, **pool)
     try:
         plan = code_complete.plan()
         t = time.perf_counter()
         on.jit.compile(plan)
         cold_ms = (time.perf_counter() - t) * 1000
-        script = FRESH_PROCESS.format(root=repo_root(), model=model_arg(args), device=str(on.device))
+        script = FRESH_PROCESS.format(
+            root=repo_root(), model=model_arg(args), device=str(on.device), tokens=args.max_total_tokens
+        )
         env = {**os.environ, "SGJIT_CACHE_DIR": cache_dir}
         fresh = json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                                           check=True).stdout.strip().splitlines()[-1])  # fmt: skip

@@ -113,7 +113,7 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self._buffers: dict[int, _Buffers] = {}
         self.capture_seconds = 0.0
-        self.last_wait_seconds = 0.0  # how long the last multi-step launch waited for the device
+        self.last_wait_seconds = 0.0  # how long the last multi-step launch waited (device, capture)
 
     # ----- shapes -----
     def batch_bucket(self, n: int) -> int:
@@ -320,6 +320,7 @@ class DecodeGraphs:
         sampled = sampling is not None and not sampling.all_greedy
         if sampled and not self.samples_on_device:
             raise RuntimeError("sampled multi-step decoding needs the on-device sampling op")
+        captured_before = self.capture_seconds
         if self.capture:
             self.graph(bs, ctx, self.steps, sampled)
         b = self._buffers_for(ctx)
@@ -334,5 +335,6 @@ class DecodeGraphs:
         t = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
-        self.last_wait_seconds = time.perf_counter() - t  # the host's share of a launch excludes this
+        # the host's share of a launch excludes the device wait and a first launch's capture
+        self.last_wait_seconds = time.perf_counter() - t + self.capture_seconds - captured_before
         return self.out_tokens[:, :n].t().tolist()

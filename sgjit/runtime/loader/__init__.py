@@ -26,7 +26,7 @@ def random_checkpoint(
         bundled = load_gguf(resolve_model(DEFAULT_MODEL).path, DEFAULT_MODEL)
         tokenizer, path = bundled.tokenizer, bundled.path
     except ModelNotFoundError:
-        tokenizer, path = byte_level_tokenizer(), Path(name)
+        tokenizer, path = byte_level_tokenizer(config.vocab_size), Path(name)
     config = config.with_eos(tokenizer.eos_token_ids)
     weights = random_weights(config, device=device, dtype=dtype)
     return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, path=path, format="random")

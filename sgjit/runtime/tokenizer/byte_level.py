@@ -28,8 +28,16 @@ def byte_alphabet() -> list[str]:
     return [mapping[b] for b in range(256)]
 
 
-def byte_level_tokenizer() -> SgjitTokenizer:
-    vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
+def byte_level_tokenizer(vocab_size: int = 0) -> SgjitTokenizer:
+    """Ids past the 256 bytes and the control tokens, up to `vocab_size`, decode to a word each
+    (" t<id>"); encoding never produces them (no merges). So a random-weight model, which draws ids
+    from its whole vocabulary, streams text at every token as a real model does."""
+    alphabet = byte_alphabet()
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab.update({t: len(alphabet) + j for j, t in enumerate(CONTROL)})  # ids 256.. before the fillers
+    first_filler = len(alphabet) + len(CONTROL)
+    space = alphabet[ord(" ")]
+    vocab.update({f"{space}t{i}": i for i in range(first_filler, vocab_size)})
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
