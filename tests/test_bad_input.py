@@ -132,8 +132,11 @@ def test_random_shape_without_the_bundled_package_uses_a_byte_tokenizer(monkeypa
     )
     rt = sgjit.Runtime("random:smollm2-135m:1", device="cpu", max_total_tokens=256)
     try:
-        assert rt.tokenizer.vocab_size == 259 and rt.model_config.vocab_size == 49152
+        assert rt.tokenizer.vocab_size == rt.model_config.vocab_size == 49152
+        assert rt.tokenizer.encode("hi", add_special_tokens=False) == [104, 105]  # one token a byte
         out = rt.generate("hi", {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
         assert len(out["output_ids"]) == 3
+        # every id decodes to text, so a stream of a random model has text at each token
+        assert all(rt.tokenizer.decode([i]) for i in out["output_ids"])
     finally:
         rt.shutdown()
