@@ -219,7 +219,9 @@ class Engine:
         budgets = [self._budget(r.req) for r in batch.rows]
         stop_on_eos = [not r.req.params.ignore_eos for r in batch.rows]
         try:
-            sampling = RowSampling.of([r.req for r in batch.rows])
+            reqs = [r.req for r in batch.rows]
+            # all greedy (the common case): the graph takes the argmax and needs no sampling rows
+            sampling = None if all(r.params.is_greedy for r in reqs) else RowSampling.of(reqs)
             out = self.runner.forward_multi(
                 batch.rows, budgets, stop_on_eos, sampling, self.sampler.generator
             )
