@@ -34,13 +34,13 @@ from sgjit.runtime.runtime import Runtime
 
 def __getattr__(name: str):
     if name == "RuntimeEndpoint":  # lazily: the HTTP client is not needed in-process
-        from sgjit.server.client import RuntimeEndpoint
+        from sgjit.lang.endpoint import RuntimeEndpoint
 
         return RuntimeEndpoint
     raise AttributeError(f"module 'sgjit' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
+from sgjit.version import __version__  # noqa: E402
 
 __all__ = [
     "ChoicesMethod",

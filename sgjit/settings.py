@@ -15,16 +15,12 @@ def _env(name: str, default: str) -> str:
 class EnvSettings:
     cache_dir: Path
     kernels: str  # "auto" | "reference" | "op=variant,op=variant"
-    log_level: str
-    num_threads: int  # CPU intra-op threads; 0 = torch default
 
     @classmethod
     def read(cls) -> EnvSettings:
         return cls(
             cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
             kernels=_env("KERNELS", "auto"),
-            log_level=_env("LOG_LEVEL", "WARNING"),
-            num_threads=int(_env("NUM_THREADS", "0")),
         )
 
 

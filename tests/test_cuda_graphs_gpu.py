@@ -15,7 +15,7 @@ MODEL = "random:smollm2-135m"
 @pytest.fixture(scope="module")
 def runtimes():
     common = dict(device="cuda", max_total_tokens=64 * 512, seed=0)
-    eager = sgjit.Runtime(MODEL, enable_jit=True, disable_cuda_graph=True, multi_step=1, **common)
+    eager = sgjit.Runtime(MODEL, enable_jit=True, cuda_graph=False, multi_step=1, **common)
     single = sgjit.Runtime(MODEL, enable_jit=True, multi_step=1, **common)
     multi = sgjit.Runtime(MODEL, enable_jit=True, multi_step=8, **common)
     yield eager, single, multi

@@ -228,7 +228,7 @@ def test_protected_program_steps_are_never_preempted(alone):
         others = small.generate(PROMPTS[1:16], {**GREEDY, "max_new_tokens": 12})
         final = done.get()
         assert prog.preemptions == 0
-        assert final.result["output_ids"] == alone[PROMPTS[0]]
+        assert final.result.output_ids == alone[PROMPTS[0]]
         assert [o["output_ids"] for o in others] == [alone[p] for p in PROMPTS[1:16]]
         assert_no_leaked_pages(small)
     finally:

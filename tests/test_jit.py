@@ -16,8 +16,18 @@ import pytest
 import sgjit
 from sgjit.compiler.prefix import stable_prefix
 from sgjit.errors import CapacityError
+from sgjit.lang.runtime_backend import RuntimeBackend
 
 from conftest import assert_no_leaked_pages
+
+
+def stats(rt: sgjit.Runtime) -> dict:
+    """The engine's counters and the JIT's (which belongs to the runtime's backend)."""
+    return {**rt.stats(), **RuntimeBackend.of(rt).jit_counters()}
+
+
+def jit_of(rt: sgjit.Runtime):
+    return RuntimeBackend.of(rt).jit
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +78,8 @@ def branches(s, topic):
 
 
 def test_compile_once_then_hit_with_one_log_line(jit_rt, caplog):
-    jit_rt.clear_jit_cache()
-    before = jit_rt.stats()
+    sgjit.clear_jit_cache(jit_rt)
+    before = stats(jit_rt)
     with caplog.at_level(logging.INFO, logger="sgjit.compiler.jit"):
         a = classify.run(review="Great fun!", backend=jit_rt)
         b = classify.run(review="Dull and long.", backend=jit_rt)
@@ -80,7 +90,7 @@ def test_compile_once_then_hit_with_one_log_line(jit_rt, caplog):
     assert (
         "arch cpu-" in lines[0] and f"hash {plan.plan_hash[:12]} in " in lines[0] and lines[0].endswith(" ms")
     )
-    after = jit_rt.stats()
+    after = stats(jit_rt)
     assert after["jit_compiles"] == before["jit_compiles"] + 1
     assert after["jit_cache_hits"] >= before["jit_cache_hits"] + 1
     assert after["jit_compile_ms_total"] > before["jit_compile_ms_total"]
@@ -92,13 +102,13 @@ def test_compile_once_then_hit_with_one_log_line(jit_rt, caplog):
 
 
 def test_runs_prefill_only_their_arguments(jit_rt):
-    jit_rt.clear_jit_cache()
+    sgjit.clear_jit_cache(jit_rt)
     classify.run(review="x", backend=jit_rt)  # compile: the prefix is prefilled and pinned now
     jit_rt.flush_cache()  # pinned pages survive a flush
-    hits = jit_rt.stats()["prefix_cache_hit_tokens"]
+    hits = stats(jit_rt)["prefix_cache_hit_tokens"]
     classify.run(review="An honest, moving film.", backend=jit_rt)
-    prefix_len = jit_rt.jit.compile(classify.plan()).prefix.ids
-    assert jit_rt.stats()["prefix_cache_hit_tokens"] - hits >= (len(prefix_len) // 16) * 16 > 0
+    prefix_len = jit_of(jit_rt).compile(classify.plan()).prefix.ids
+    assert stats(jit_rt)["prefix_cache_hit_tokens"] - hits >= (len(prefix_len) // 16) * 16 > 0
 
 
 def test_jit_on_and_off_agree(jit_rt, runtime):
@@ -128,7 +138,7 @@ def test_prefix_reuse_tokenizes_exactly(jit_rt):
 
 
 def test_eviction_at_the_limit_unpins(jit_rt):
-    jit_rt.clear_jit_cache()
+    sgjit.clear_jit_cache(jit_rt)
     plans = []
 
     def make(text: str):
@@ -143,21 +153,21 @@ def test_eviction_at_the_limit_unpins(jit_rt):
         prog = make(f"Program {i}. " * 40)
         prog.run(x="go", backend=jit_rt)
         plans.append(prog.plan())
-    s = jit_rt.stats()
+    s = stats(jit_rt)
     assert s["jit_plans_cached"] == 3 and s["jit_evictions"] >= 1
-    assert (plans[0].plan_hash, jit_rt.jit.arch_hash) not in jit_rt.jit.cache
-    jit_rt.clear_jit_cache()
-    assert jit_rt.stats()["jit_plans_cached"] == 0
+    assert (plans[0].plan_hash, jit_of(jit_rt).arch_hash) not in jit_of(jit_rt).cache
+    sgjit.clear_jit_cache(jit_rt)
+    assert stats(jit_rt)["jit_plans_cached"] == 0
     assert_no_leaked_pages(jit_rt)  # nothing stays pinned
 
 
 def test_clear_jit_cache_forces_a_recompile(jit_rt):
     sgjit.set_default_backend(jit_rt)
     classify.run(review="ok")
-    n = jit_rt.stats()["jit_compiles"]
+    n = stats(jit_rt)["jit_compiles"]
     assert sgjit.clear_jit_cache() >= 1
     classify.run(review="ok")
-    assert jit_rt.stats()["jit_compiles"] == n + 1
+    assert stats(jit_rt)["jit_compiles"] == n + 1
 
 
 def test_reload_function_invalidates_the_old_plan(jit_rt, tmp_path, monkeypatch):
@@ -177,11 +187,11 @@ def test_reload_function_invalidates_the_old_plan(jit_rt, tmp_path, monkeypatch)
 
     jit_prog_mod.greet.run(name="Ada", backend=jit_rt)
     old = jit_prog_mod.greet.plan().plan_hash
-    assert (old, jit_rt.jit.arch_hash) in jit_rt.jit.cache
+    assert (old, jit_of(jit_rt).arch_hash) in jit_of(jit_rt).cache
     mod.write_text(mod.read_text().replace("Today we", "Tomorrow we"))
     new_fn = sgjit.reload_function(jit_prog_mod.greet, backend=jit_rt)
     assert new_fn.plan().plan_hash != old
-    assert (old, jit_rt.jit.arch_hash) not in jit_rt.jit.cache
+    assert (old, jit_of(jit_rt).arch_hash) not in jit_of(jit_rt).cache
     assert "Tomorrow" in new_fn.run(name="Ada", backend=jit_rt).text()
 
 
@@ -193,14 +203,15 @@ def test_oversized_plan_is_rejected_at_compile_time(jit_rt):
 
     with pytest.raises(CapacityError, match="needs up to"):
         huge.run(x="go", backend=jit_rt)
-    assert jit_rt.stats()["running"] == 0
-    jit_rt.clear_jit_cache()  # the other plans' pinned prefixes are the only pages still held
+    assert stats(jit_rt)["running"] == 0
+    sgjit.clear_jit_cache(jit_rt)  # the other plans' pinned prefixes are the only pages still held
     assert_no_leaked_pages(jit_rt)
 
 
 def test_a_fresh_process_reuses_the_disk_cache(tmp_path):
     script = textwrap.dedent("""
         import json, sgjit
+        from sgjit.lang.runtime_backend import RuntimeBackend
         rt = sgjit.Runtime(device="cpu", enable_jit=True, max_total_tokens=2048)
 
         @sgjit.function
@@ -209,7 +220,7 @@ def test_a_fresh_process_reuses_the_disk_cache(tmp_path):
             s += sgjit.gen("g", max_tokens=2, temperature=0)
 
         hello.run(name="Ada", backend=rt)
-        print(json.dumps(rt.stats()))
+        print(json.dumps(RuntimeBackend.of(rt).jit_counters()))
         rt.shutdown()
     """)
     env = {**os.environ, "SGJIT_CACHE_DIR": str(tmp_path / "cache")}

@@ -1,4 +1,4 @@
-"""`python -m sgjit.kernels.build --check` compiles every registered kernel instantiation with the
+"""`python -m sgjit.kernels.nvcc_check --check` compiles every registered kernel instantiation with the
 machine's nvcc for sm_80 and sm_90 (no GPU needed), and names the kernel that fails."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from sgjit.kernels.build import find_nvcc, instantiations
+from sgjit.kernels.nvcc_check import find_nvcc, instantiations
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")
 
 
 def _build(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "sgjit.kernels.build", "--check", "-j", "2", *args]
+    cmd = [sys.executable, "-m", "sgjit.kernels.nvcc_check", "--check", "-j", "2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 

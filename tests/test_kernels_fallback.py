@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgjit.compiler.arch import DeviceProfile
-from sgjit.compiler.select import KernelSelector, ModelShapes
 from sgjit.errors import KernelError
 from sgjit.kernels import reference, table
+from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.cuda import module
 from sgjit.kernels.guard import GuardedOp
-from sgjit.runtime.model.shapes import shape_config
+from sgjit.kernels.selector import KernelSelector
+from sgjit.kernels.spec import ModelShapes
+from sgjit.runtime.model.presets import shape_config
 
 H200 = DeviceProfile.from_dict(
     json.loads((Path(__file__).parent / "data" / "device_profiles.json").read_text())["H200"]
@@ -100,5 +101,7 @@ def test_launch_failure_warns_once_and_stays_on_reference(caplog):
 
 
 def test_importing_sgjit_does_not_import_cupy():
-    code = "import sys, sgjit, sgjit.kernels.table, sgjit.kernels.build; assert 'cupy' not in sys.modules"
+    code = (
+        "import sys, sgjit, sgjit.kernels.table, sgjit.kernels.nvcc_check; assert 'cupy' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,11 +14,12 @@ import random
 import pytest
 import torch
 
-from sgjit.compiler.arch import device_profile
-from sgjit.compiler.select import KernelSelector, ModelShapes, decode_splits
 from sgjit.kernels import reference
+from sgjit.kernels.arch import device_profile
 from sgjit.kernels.ops import LayerKV, SamplingTensors
 from sgjit.kernels.registry import CUDA, variant
+from sgjit.kernels.selector import KernelSelector, decode_splits
+from sgjit.kernels.spec import ModelShapes
 from sgjit.kernels.synthetic import paged_attention_case
 
 pytestmark = pytest.mark.gpu

@@ -14,15 +14,15 @@ import logging
 import pytest
 import torch
 
-from sgjit.compiler.select import Workload
 from sgjit.errors import ModelNotFoundError
 from sgjit.kernels.ops import AttentionMetadata, SamplingTensors
 from sgjit.kernels.reference import REFERENCE_OPS
-from sgjit.kernels.table import jit_ops
+from sgjit.kernels.spec import Workload
+from sgjit.kernels.table import cuda_op_table
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
-from sgjit.runtime.model.shapes import random_weights, shape_config
+from sgjit.runtime.model.presets import random_weights, shape_config
 
 pytestmark = pytest.mark.gpu
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def test_model_kernels_match_reference(shape):
     model = LlamaModel(cfg, weights, REFERENCE_OPS, DEV, torch.bfloat16, max_positions=4096)
     oracle = LlamaModel(cfg, exact, REFERENCE_OPS, DEV, torch.float32, max_positions=4096)
     workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
-    ops, _ = jit_ops(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)  # what Runtime calls
+    ops, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)  # what Runtime calls
     kernel_ops = ("attention", "rope_store_kv", "add_rmsnorm", "silu_mul", "sample")
     assert all(type(getattr(ops, op)).__name__ == "GuardedOp" for op in kernel_ops)
     jit = Side(model, ops, cfg, max_tokens)

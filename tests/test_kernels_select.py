@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgjit.compiler.arch import DeviceProfile, arch_hash, cpu_profile
-from sgjit.compiler.select import AutotuneStore, KernelSelector, ModelShapes, Workload, decode_splits
 from sgjit.errors import SgjitError
+from sgjit.kernels.arch import DeviceProfile, arch_hash, cpu_profile
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import AttnTile
-from sgjit.runtime.model.shapes import shape_config
+from sgjit.kernels.selector import AutotuneStore, KernelSelector, decode_splits
+from sgjit.kernels.spec import ModelShapes, Workload
+from sgjit.runtime.model.presets import shape_config
 
 PROFILES = {
     k: DeviceProfile.from_dict(v)

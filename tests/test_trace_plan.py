@@ -61,7 +61,7 @@ def test_trace_records_the_programs_nodes():
         "fork", "join", "gen", "gen",
     ]  # fmt: skip
     gen = plan.nodes[11]
-    assert gen == Gen(
+    assert gen == Gen.of(
         "answer", max_tokens=16, stop=("\n", "END"), temperature=0.0, top_p=0.9, top_k=-1, return_logprob=True
     )
     assert isinstance(gen.temperature, float)  # normalised: 0 and 0.0 are one program

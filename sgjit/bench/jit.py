@@ -22,17 +22,20 @@ from typing import Any
 import sgjit
 from sgjit.bench.report import add_model_args, add_output_args, environment, finish, markdown_table, model_arg
 from sgjit.bench.timing import host_us_per_step
+from sgjit.lang.runtime_backend import RuntimeBackend
 
 log = logging.getLogger(__name__)
 
 FRESH_PROCESS = """
 import json, sys, time, sgjit
+from sgjit.lang.runtime_backend import RuntimeBackend
 sys.path.insert(0, {root!r})
 from examples.code_complete import code_complete
 rt = sgjit.Runtime({model!r}, device={device!r}, enable_jit=True, max_total_tokens={tokens})
 t = time.perf_counter()
-compiled = rt.jit.compile(code_complete.plan())
-print(json.dumps({{"compile_ms": (time.perf_counter() - t) * 1000, "disk_hits": rt.stats()["jit_disk_hits"]}}))
+jit = RuntimeBackend.of(rt).jit
+compiled = jit.compile(code_complete.plan())
+print(json.dumps({{"compile_ms": (time.perf_counter() - t) * 1000, "disk_hits": jit.disk_hits}}))
 rt.shutdown()
 """
 
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         plan = code_complete.plan()
         t = time.perf_counter()
-        on.jit.compile(plan)
+        RuntimeBackend.of(on).jit.compile(plan)
         cold_ms = (time.perf_counter() - t) * 1000
         script = FRESH_PROCESS.format(
             root=repo_root(), model=model_arg(args), device=str(on.device), tokens=args.max_total_tokens
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         hits = []
         for _ in range(2000):
             t = time.perf_counter()
-            on.jit.compile(plan)
+            RuntimeBackend.of(on).jit.compile(plan)
             hits.append(time.perf_counter() - t)
         lat: dict[str, list[float]] = {"jit": [], "no_jit": []}
         for _ in range(args.repeat):

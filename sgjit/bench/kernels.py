@@ -19,11 +19,12 @@ import torch.nn.functional as F
 
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.report import environment, markdown_table, write_json
-from sgjit.compiler.arch import DeviceProfile, arch_hash, device_profile
-from sgjit.compiler.select import AutotuneStore, KernelSelector, ModelShapes, Workload, decode_splits
 from sgjit.kernels import reference
+from sgjit.kernels.arch import DeviceProfile, arch_hash, device_profile
 from sgjit.kernels.ops import LayerKV, SamplingTensors
 from sgjit.kernels.registry import CUDA, AttnTile, variant
+from sgjit.kernels.selector import AutotuneStore, KernelSelector, decode_splits
+from sgjit.kernels.spec import ModelShapes, Workload
 from sgjit.kernels.synthetic import paged_attention_case
 from sgjit.kernels.tune import attention_timer, median_cuda_seconds
 

@@ -18,29 +18,20 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from sgjit.compiler.arch import arch_hash, device_profile
 from sgjit.compiler.cache import JitCache
-from sgjit.compiler.execute import text_args
-from sgjit.compiler.launch import CompiledPlan, leading_static_nodes, max_new_tokens
+from sgjit.compiler.chat import render_static
+from sgjit.compiler.compiled import CompiledPlan, leading_static_nodes, max_new_tokens
 from sgjit.compiler.plan import GraphPlan
 from sgjit.compiler.prefix import PrefixTokens, stable_prefix
 from sgjit.errors import CapacityError
+from sgjit.kernels.arch import arch_hash, device_profile
+from sgjit.runtime.sampling_params import SamplingParams
 from sgjit.settings import env
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
-
-
-class _NoSequence:
-    """A sequence for rendering a plan's static text: nothing may run on it."""
-
-    def close(self) -> None:
-        pass
-
-    def __getattr__(self, name: str):
-        raise RuntimeError(f"static prefix rendering called {name}()")
 
 
 class PlanJit:
@@ -112,17 +103,11 @@ class PlanJit:
     def _static_prefix(self, plan: GraphPlan) -> tuple[str, bool]:
         """The text the plan's leading static nodes render to, exactly as a run renders it, and the
         add-special-tokens flag its first step will tokenize with."""
-        from sgjit.lang.defaults import RunDefaults
-        from sgjit.lang.executor import ProgramExecutor
-        from sgjit.lang.runtime_backend import RuntimeBackend
-
-        ex = ProgramExecutor(RuntimeBackend.of(self.runtime), RunDefaults(), _NoSequence())
-        try:
-            for node in leading_static_nodes(plan):
-                ex.append(node)
-            return ex.read_text(), not ex.chat.used
-        finally:
-            ex.close()
+        tokenizer = self.runtime.tokenizer
+        return render_static(
+            leading_static_nodes(plan),
+            lambda messages: tokenizer.apply_chat_template(messages, add_generation_prompt=False),
+        )
 
     def _prefix_tokens(self, plan: GraphPlan, text: str, add_special: bool) -> tuple[PrefixTokens, bool]:
         path = self._disk_path(plan)
@@ -142,25 +127,23 @@ class PlanJit:
         return prefix, False
 
     def _compile(self, plan: GraphPlan) -> CompiledPlan:
-        from sgjit.lang.defaults import RunDefaults
-
         rt = self.runtime
         text, add_special = self._static_prefix(plan)
         prefix, from_disk = self._prefix_tokens(plan, text, add_special)
         choice_tokens = lambda c: rt.tokenizer.encode(c, add_special_tokens=False) or [0]  # noqa: E731
-        generated = max_new_tokens(plan.nodes, RunDefaults().max_new_tokens, choice_tokens)
-        worst = len(prefix.ids) + self.arg_budget * len(text_args(plan)) + generated
+        generated = max_new_tokens(plan.nodes, SamplingParams().max_new_tokens, choice_tokens)
+        worst = len(prefix.ids) + self.arg_budget * len(plan.text_args()) + generated
         limit = min(rt.max_model_len, rt.pool.capacity_tokens)
         if worst > limit:
             raise CapacityError(
                 f"plan {plan.name} needs up to {worst} tokens ({len(prefix.ids)} prefix + "
-                f"{self.arg_budget} per argument x {len(text_args(plan))} + {generated} generated) but this "
+                f"{self.arg_budget} per argument x {len(plan.text_args())} + {generated} generated) but this "
                 f"runtime holds {limit}; lower the gens' max_tokens or raise max_model_len / max_total_tokens"
             )
         compiled = CompiledPlan(
             plan=plan, arch=self.arch, arch_hash=self.arch_hash, prefix=prefix, max_new_tokens=generated,
             worst_case_tokens=worst, from_disk=from_disk,
-            kernels=rt.kernel_set.describe() if getattr(rt, "kernel_set", None) is not None else "",
+            kernels=rt.kernel_set.describe() if rt.kernel_set is not None else "",
             graph_buckets=rt.graph_summary(), _runtime=weakref.ref(rt),
         )  # fmt: skip
         if prefix.ids:  # prefill the constant prefix once; the handle pins its pages while cached

@@ -10,28 +10,11 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from sgjit.errors import InvalidRequestError, ProgramError
-from sgjit.runtime.sampling_params import SamplingParams
+from sgjit.runtime.sampling_params import GEN_KEYS, SamplingParams
 
 ROLES = ("system", "user", "assistant")
 CHOICES_METHODS = ("token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized")
 JOIN_MODES = ("gather_variable", "concate_and_append")
-
-# gen() keyword -> the engine's sampling-parameter key
-GEN_SAMPLING_KEYS = {
-    "max_tokens": "max_new_tokens",
-    "min_tokens": "min_new_tokens",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "ignore_eos": "ignore_eos",
-    "regex": "regex",
-    "json_schema": "json_schema",
-}
 
 
 def _need(ok: bool, message: str) -> None:
@@ -85,40 +68,40 @@ class RoleEnd:
 
 @dataclass(frozen=True, slots=True)
 class Gen:
-    """A generation step. A field left None takes the run's default."""
+    """A generation step. `sampling` holds the sampling parameters this gen sets, normalised by
+    `SamplingParams` (sorted (field, value) pairs, lists as tuples); the rest take the run's
+    defaults. Build one with `Gen.of(name, max_tokens=..., ...)`, in gen()'s keywords; those also
+    read back as attributes (`node.max_tokens`, None when unset)."""
 
     kind: ClassVar[str] = "gen"
     name: str | None = None
-    max_tokens: int | None = None
-    min_tokens: int | None = None
-    stop: tuple[str, ...] | None = None
-    stop_token_ids: tuple[int, ...] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    ignore_eos: bool | None = None
+    sampling: tuple[tuple[str, Any], ...] = ()
     return_logprob: bool | None = None
     top_logprobs_num: int | None = None
-    regex: str | None = None
-    json_schema: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        name: str | None = None,
+        *,
+        return_logprob: bool | None = None,
+        top_logprobs_num: int | None = None,
+        **params: Any,
+    ) -> Gen:
+        """A gen from gen()'s keywords, validated as the engine will read them."""
+        unknown = sorted(set(params) - set(GEN_KEYS))
+        _need(not unknown, f"gen({name!r}) has no parameter(s) {unknown}; it takes {sorted(GEN_KEYS)}")
+        given = {GEN_KEYS[k]: v for k, v in params.items() if v is not None}
+        try:
+            sp = SamplingParams.from_dict(given)
+        except InvalidRequestError as e:
+            dsl = {v: k for k, v in GEN_KEYS.items()}.get(e.param or "", e.param)
+            raise ProgramError(f"gen({name!r}): invalid {dsl}: {e}") from e
+        sampling = tuple(sorted((key, _frozen(getattr(sp, key))) for key in given))
+        return cls(name, sampling, return_logprob, top_logprobs_num)
 
     def __post_init__(self) -> None:
         _check_name(self.name, "gen")
-        given = {
-            key: getattr(self, f) for f, key in GEN_SAMPLING_KEYS.items() if getattr(self, f) is not None
-        }
-        try:
-            params = SamplingParams.from_dict(given)
-        except InvalidRequestError as e:
-            dsl = {v: k for k, v in GEN_SAMPLING_KEYS.items()}.get(e.param or "", e.param)
-            raise ProgramError(f"gen({self.name!r}): invalid {dsl}: {e}") from e
-        for f, key in GEN_SAMPLING_KEYS.items():  # store the engine's normalised values
-            if getattr(self, f) is not None:
-                value = getattr(params, key)
-                object.__setattr__(self, f, tuple(value) if isinstance(value, list) else value)
         _need(
             self.return_logprob is None or isinstance(self.return_logprob, bool),
             f"gen({self.name!r}): return_logprob must be True or False",
@@ -129,14 +112,29 @@ class Gen:
             f"gen({self.name!r}): top_logprobs_num must be an integer >= 0",
         )
 
+    def __getattr__(self, attr: str) -> Any:
+        key = GEN_KEYS.get(attr)
+        if key is None:
+            raise AttributeError(attr)
+        return dict(self.sampling).get(key)
+
     def sampling_overrides(self) -> dict[str, Any]:
-        """The sampling parameters this gen sets, under the engine's keys."""
-        out = {}
-        for f, key in GEN_SAMPLING_KEYS.items():
-            value = getattr(self, f)
-            if value is not None:
-                out[key] = list(value) if isinstance(value, tuple) else value
+        """The sampling parameters this gen sets, under `SamplingParams` names."""
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in self.sampling}
+
+    def to_fields(self) -> dict[str, Any]:
+        """The gen as gen()'s keywords (its JSON form: unset fields stay out)."""
+        by_key = {v: k for k, v in GEN_KEYS.items()}
+        out: dict[str, Any] = {"name": self.name} if self.name is not None else {}
+        out.update((by_key[key], value) for key, value in self.sampling)
+        for f in ("return_logprob", "top_logprobs_num"):
+            if getattr(self, f) is not None:
+                out[f] = getattr(self, f)
         return out
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +220,9 @@ NODE_TYPES: dict[str, type] = {
 
 def node_to_dict(node: Node) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": node.kind}
+    if isinstance(node, Gen):
+        out.update((k, list(v) if isinstance(v, tuple) else v) for k, v in node.to_fields().items())
+        return out
     for f in fields(node):
         value = getattr(node, f.name)
         if value is None:
@@ -237,6 +238,8 @@ def node_to_dict(node: Node) -> dict[str, Any]:
 def node_from_dict(data: Any) -> Node:
     _need(isinstance(data, dict) and data.get("kind") in NODE_TYPES, f"not a plan node: {data!r}")
     cls = NODE_TYPES[data["kind"]]
+    if cls is Gen:
+        return Gen.of(**{k: v for k, v in data.items() if k != "kind"})
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known - {"kind"})
     _need(not unknown, f"plan node {data['kind']!r} has unknown field(s) {unknown}")

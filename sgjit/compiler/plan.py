@@ -60,6 +60,12 @@ class GraphPlan:
             "nodes": [node_to_dict(n) for n in self.nodes],
         }
 
+    def text_args(self) -> list[str]:
+        """The arguments whose values the plan inserts as text, in order of first use."""
+        names: dict[str, None] = {}
+        _collect_args(self.nodes, names)
+        return list(names)
+
     def canonical_bytes(self) -> bytes:
         return _canonical(self._program()).encode("utf-8")
 
@@ -94,6 +100,15 @@ class GraphPlan:
         lines = [f"plan {self.name}({args}) hash={self.plan_hash} nodes={len(self.nodes)}"]
         _dump_nodes(self.nodes, "", encode, lines)
         return "\n".join(lines)
+
+
+def _collect_args(nodes: tuple[Node, ...], out: dict[str, None]) -> None:
+    for node in nodes:
+        if isinstance(node, Arg):
+            out[node.name] = None
+        elif isinstance(node, Fork):
+            for branch in node.branches:
+                _collect_args(branch, out)
 
 
 def _dump_nodes(

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sgjit.compiler.arch import DeviceProfile
+from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.ops import OpTable
 
 REFERENCE = "reference"

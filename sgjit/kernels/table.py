@@ -11,14 +11,15 @@ from typing import Any
 
 import torch
 
-from sgjit.compiler.arch import DeviceProfile, device_profile
-from sgjit.compiler.select import KernelSelector, KernelSet, ModelShapes, Workload
 from sgjit.errors import KernelError
 from sgjit.kernels import reference
+from sgjit.kernels.arch import DeviceProfile, device_profile
 from sgjit.kernels.cuda.module import cupy_module
 from sgjit.kernels.guard import GuardedOp
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import CUDA, variant
+from sgjit.kernels.selector import KernelSelector
+from sgjit.kernels.spec import KernelSet, ModelShapes, Workload
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
     return reference.REFERENCE_OPS.with_overrides(**built)
 
 
-def jit_ops(
+def cuda_op_table(
     device: torch.device,
     model_config: Any,
     dtype: torch.dtype,
@@ -86,7 +87,7 @@ def jit_ops(
     workload: Workload,
     selector: KernelSelector | None = None,
 ) -> tuple[OpTable, KernelSet]:
-    """What `Runtime` calls with enable_jit on a GPU: profile the device, select, build."""
+    """The op table of a runtime with the CUDA kernels on: profile the device, select, build."""
     profile = device_profile(device)
     shapes = ModelShapes.from_config(model_config, dtype, kv_dtype, page_size)
     with torch.cuda.device(device):

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import torch
 
-from sgjit.compiler.arch import DeviceProfile
-from sgjit.compiler.select import ModelShapes, Workload
 from sgjit.errors import KernelError
+from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.registry import CUDA, AttnTile, variant
+from sgjit.kernels.spec import ModelShapes, Workload
 from sgjit.kernels.synthetic import paged_attention_case
 
 log = logging.getLogger(__name__)

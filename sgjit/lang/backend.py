@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from sgjit.compiler.plan import GraphPlan
     from sgjit.lang.function import Function
+    from sgjit.runtime.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -34,7 +35,7 @@ class ProgramSequence(Protocol):
     def generate(
         self,
         input_ids: list[int],
-        sampling_params: dict[str, Any],
+        sampling_params: SamplingParams,
         *,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,

@@ -1,55 +1,61 @@
-"""`RunDefaults`: the sampling values a run gives every gen() that leaves them None — the keywords of
-SGLang's `run()` / `run_batch()`, with SGLang's defaults."""
+"""`RunDefaults`: the sampling values a run gives every gen() that leaves them unset — the keywords
+of SGLang's `run()` / `run_batch()`, with SGLang's defaults. Which keywords those are, and their
+defaults and checks, come from `SamplingParams` (its fields marked `run`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sgjit.compiler.nodes import Gen
 from sgjit.errors import InvalidRequestError, ProgramError
-from sgjit.runtime.sampling_params import SamplingParams
+from sgjit.runtime.sampling_params import RUN_KEYS, SamplingParams
+
+LOGPROB_KEYS = ("return_logprob", "top_logprobs_num")
 
 
 @dataclass(frozen=True, slots=True)
 class RunDefaults:
-    max_new_tokens: int = 128
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     return_logprob: bool = False
     top_logprobs_num: int = 0
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return (*RUN_KEYS, *LOGPROB_KEYS)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunDefaults:
+        """Defaults from run keywords (or their wire form); raises `ProgramError` naming a bad one."""
+        sampling = {k: v for k, v in values.items() if k in RUN_KEYS}
         try:
-            SamplingParams.from_dict(self._sampling())
+            params = SamplingParams.from_dict(sampling)
         except InvalidRequestError as e:
-            raise ProgramError(
-                f"run default {e.param}={getattr(self, e.param or '', None)!r} is invalid: {e}"
-            ) from e
+            raise ProgramError(f"run default {e.param}={values.get(e.param or '')!r} is invalid: {e}") from e
+        return_logprob = values.get("return_logprob", False)
+        top = values.get("top_logprobs_num", 0)
+        if not isinstance(return_logprob, bool):
+            raise ProgramError(f"run default return_logprob must be True or False, got {return_logprob!r}")
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+            raise ProgramError(f"run default top_logprobs_num must be an integer >= 0, got {top!r}")
+        return cls(params, return_logprob, top)
 
     @classmethod
     def split(cls, kwargs: dict[str, Any]) -> tuple[RunDefaults, dict[str, Any]]:
         """Separate run keywords (sampling defaults) from the program's own arguments."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in kwargs.items() if k in names}), {
-            k: v for k, v in kwargs.items() if k not in names
-        }
+        names = set(cls.names())
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        return cls.from_dict(mine), {k: v for k, v in kwargs.items() if k not in names}
 
-    def _sampling(self) -> dict[str, Any]:
-        out = asdict(self)
-        del out["return_logprob"], out["top_logprobs_num"]
-        return out
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form (what `from_dict` reads back)."""
+        sampling = self.sampling.to_dict()
+        return {**{k: v for k, v in sampling.items() if k in RUN_KEYS}, "return_logprob": self.return_logprob,
+                "top_logprobs_num": self.top_logprobs_num}  # fmt: skip
 
-    def request_for(self, node: Gen) -> tuple[dict[str, Any], bool, int]:
+    def request_for(self, node: Gen) -> tuple[SamplingParams, bool, int]:
         """(sampling params, return_logprob, top_logprobs_num) of one gen under these defaults."""
-        params = {**self._sampling(), **node.sampling_overrides()}
+        params = replace(self.sampling, **node.sampling_overrides()) if node.sampling else self.sampling
         return_logprob = self.return_logprob if node.return_logprob is None else node.return_logprob
         top = self.top_logprobs_num if node.top_logprobs_num is None else node.top_logprobs_num
         return params, return_logprob, top

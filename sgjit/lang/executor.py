@@ -19,14 +19,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from sgjit.compiler.nodes import ConstText, Gen, Node, RoleBegin, RoleEnd, Select, VarScopeBegin, VarScopeEnd
+from sgjit.compiler.chat import STATIC_NODES, ChatTranscript, static_text
+from sgjit.compiler.nodes import Gen, Node, Select, VarScopeBegin, VarScopeEnd
 from sgjit.errors import ProgramError
 from sgjit.lang.backend import Backend, ProgramSequence
-from sgjit.lang.chat import ChatTranscript
 from sgjit.lang.choices import METHODS
 from sgjit.lang.defaults import RunDefaults
 from sgjit.lang.stream import EventLog
-from sgjit.runtime.profiling import nvtx_range
+from sgjit.nvtx import nvtx_range
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,8 @@ class ProgramExecutor:
             self._apply_node(node)
 
     def _apply_node(self, node: Node) -> None:
-        if isinstance(node, ConstText):
-            self._append(node.text)
-        elif isinstance(node, RoleBegin):
-            self._append(self.chat.begin(node.role, self._render, len(self.text)))
-        elif isinstance(node, RoleEnd):
-            self._append(self.chat.end(self.text))
+        if isinstance(node, STATIC_NODES):
+            self._append(static_text(node, self.chat, self._render, self.text))
         elif isinstance(node, Gen):
             self._gen(node)
         elif isinstance(node, Select):

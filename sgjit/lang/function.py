@@ -19,15 +19,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from sgjit.compiler.execute import text_args
 from sgjit.compiler.plan import GraphPlan
-from sgjit.compiler.trace import trace_program
 from sgjit.errors import ProgramError, TraceError
 from sgjit.lang.backend import Backend
 from sgjit.lang.default_backend import resolve_backend
 from sgjit.lang.defaults import RunDefaults
 from sgjit.lang.run import start_run
 from sgjit.lang.state import ProgramState
+from sgjit.lang.trace import trace_program
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class Function:
         plan = self.plan()
         if plan is None:
             return None
-        values = {name: bound.arguments[name] for name in text_args(plan)}
+        values = {name: bound.arguments[name] for name in plan.text_args()}
         not_text = sorted(k for k, v in values.items() if not isinstance(v, str))
         if not not_text:
             return plan, values

@@ -86,7 +86,7 @@ def gen(
         if dtype not in DTYPE_REGEX:
             raise ProgramError(f"gen({name!r}): dtype must be int, float, bool or str, got {dtype!r}")
         params["regex"] = DTYPE_REGEX[dtype]
-    return Expr((Gen(name, **params),))
+    return Expr((Gen.of(name, **params),))
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

@@ -8,11 +8,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sgjit.compiler.execute import run_plan
 from sgjit.compiler.plan import GraphPlan
 from sgjit.lang.backend import Backend
 from sgjit.lang.defaults import RunDefaults
 from sgjit.lang.executor import ProgramExecutor
+from sgjit.lang.plan_walk import run_plan
 from sgjit.lang.scope import program_scope
 from sgjit.lang.state import ProgramState, RunHandle
 from sgjit.lang.stream import EventLog

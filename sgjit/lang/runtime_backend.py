@@ -12,15 +12,18 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sgjit.compiler.jit import PlanJit
 from sgjit.errors import ProgramError
 from sgjit.lang.backend import GenOutput, ProgramSequence
-from sgjit.runtime.request import PrefixHandle, RequestUpdate
+from sgjit.runtime.request import PrefixHandle
+from sgjit.runtime.result import RequestUpdate
 from sgjit.runtime.runtime import Runtime
+from sgjit.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from sgjit.compiler.launch import CompiledPlan
+    from sgjit.compiler.compiled import CompiledPlan
     from sgjit.compiler.plan import GraphPlan
     from sgjit.lang.function import Function
 
@@ -34,12 +37,12 @@ class RuntimeSequence:
         self._protected = protected  # a compiled plan's run: its steps are never preempted for others
 
     def prefill(self, input_ids: list[int]) -> None:
-        self.generate(input_ids, {"max_new_tokens": 0})
+        self.generate(input_ids, SamplingParams(max_new_tokens=0))
 
     def generate(
         self,
         input_ids: list[int],
-        sampling_params: dict[str, Any],
+        sampling_params: SamplingParams,
         *,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
@@ -67,7 +70,7 @@ class RuntimeSequence:
             raise update.error
         self._handle = update.handle
         assert update.result is not None
-        return GenOutput(update.result["text"], update.result["meta_info"])
+        return GenOutput(update.result.text, update.result.meta_info())
 
     def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
         reqs = [
@@ -75,7 +78,7 @@ class RuntimeSequence:
             for p, s in zip(prompts, starts)
         ]
         results = self._rt.run_requests(reqs)
-        return [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results]
+        return [[lp for lp, _, _ in r.logprobs.input_token_logprobs] for r in results]  # type: ignore[union-attr]
 
     def fork(self) -> RuntimeSequence:
         handle = self._rt.share_prefix(self._handle) if self._handle is not None else None
@@ -89,7 +92,8 @@ class RuntimeSequence:
 
 class RuntimeBackend:
     """The backend of one `Runtime`; `RuntimeBackend.of(runtime)` gives the same object every time.
-    It refers to its runtime weakly, so a runtime nobody uses any more is freed with its adapter."""
+    It owns the runtime's plan JIT (when `plan_jit` is on) and refers to its runtime weakly, so a
+    runtime nobody uses any more is freed with its backend."""
 
     _by_runtime: weakref.WeakKeyDictionary[Runtime, RuntimeBackend] = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
@@ -97,6 +101,8 @@ class RuntimeBackend:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = weakref.ref(runtime)
         self._functions: dict[str, Function] = {}
+        cfg = runtime.config
+        self.jit = PlanJit(runtime, cfg.jit_cache_limit, cfg.jit_arg_budget) if cfg.use_plan_jit else None
 
     @property
     def runtime(self) -> Runtime:
@@ -130,11 +136,15 @@ class RuntimeBackend:
 
     def compile(self, plan: GraphPlan) -> CompiledPlan | None:
         """The runtime's compiled plan (None when its JIT is off: the plan then runs uncompiled)."""
-        jit = self.runtime.jit
-        return jit.compile(plan) if jit is not None else None
+        return self.jit.compile(plan) if self.jit is not None else None
 
     def clear_jit_cache(self) -> int:
-        return self.runtime.clear_jit_cache()
+        """Drop every compiled plan (unpinning their prefixes); returns how many."""
+        return self.jit.clear() if self.jit is not None else 0
+
+    def jit_counters(self) -> dict[str, float]:
+        """The JIT's counters (compiles, hits, evictions, ...); empty with the JIT off."""
+        return self.jit.counters() if self.jit is not None else {}
 
     def register_function(self, function: Function) -> None:
         self._functions[function.name] = function
@@ -143,6 +153,5 @@ class RuntimeBackend:
         return self._functions.get(name)
 
     def invalidate_plan(self, plan_hash: str) -> None:
-        jit = self.runtime.jit
-        dropped = jit.invalidate(plan_hash) if jit is not None else 0
+        dropped = self.jit.invalidate(plan_hash) if self.jit is not None else 0
         log.debug("plan %s invalidated (%d compiled entries dropped)", plan_hash, dropped)

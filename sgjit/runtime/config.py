@@ -13,7 +13,10 @@ class RuntimeConfig:
     model: str | None = None  # bundled name, .gguf path or Hugging Face directory; None = smollm2-135m
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: str | None = None  # None/"auto" = bf16 on GPU, fp32 on CPU; or "float32" | "bfloat16" | "float16"
-    enable_jit: bool = False
+    enable_jit: bool = False  # all three below at once, unless one is set on its own
+    plan_jit: bool | None = None  # compile and cache prompt programs (plans); None = enable_jit
+    cuda_kernels: bool | None = None  # GPU: sgjit's CUDA kernels chosen by the selector; None = enable_jit
+    cuda_graph: bool | None = None  # GPU: decode steps captured as CUDA graphs; None = enable_jit
     page_size: int = 16
     max_total_tokens: int | None = None  # KV pool size in tokens; None = sized from memory
     mem_fraction_static: float = 0.85  # GPU: share of device memory for weights + KV pool
@@ -27,8 +30,7 @@ class RuntimeConfig:
     jit_cache_limit: int = 64
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
-    disable_cuda_graph: bool = False  # JIT on GPU: run the bucketed decode steps eagerly instead of as graphs
-    multi_step: int = 8  # decode steps per multi-step graph (JIT on GPU)
+    multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
     seed: int | None = None
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
 
@@ -44,6 +46,7 @@ class RuntimeConfig:
         need(self.schedule_policy in ("fcfs", "lpm"), "schedule_policy", "must be 'fcfs' or 'lpm'")
         need(self.kv_cache_dtype in ("auto", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8_e4m3'")
         need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
+        need(self.multi_step >= 1, "multi_step", "must be >= 1")
         need(
             self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
             "max_total_tokens",
@@ -54,6 +57,18 @@ class RuntimeConfig:
             "dtype",
             "must be auto, float32, bfloat16 or float16",
         )
+
+    @property
+    def use_plan_jit(self) -> bool:
+        return self.enable_jit if self.plan_jit is None else self.plan_jit
+
+    @property
+    def use_cuda_kernels(self) -> bool:
+        return self.enable_jit if self.cuda_kernels is None else self.cuda_kernels
+
+    @property
+    def use_cuda_graph(self) -> bool:
+        return self.enable_jit if self.cuda_graph is None else self.cuda_graph
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> RuntimeConfig:

@@ -18,12 +18,14 @@ from typing import Any
 import torch
 
 from sgjit.errors import RequestAbortedError, SgjitError
+from sgjit.nvtx import nvtx_range
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model_runner import ModelRunner, StepLogits
-from sgjit.runtime.profiling import nvtx_range
+from sgjit.runtime.output import OutputProcessor
 from sgjit.runtime.radix_cache import RadixCache
-from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, Status
-from sgjit.runtime.sampler import RowSampling, Sampler, logprob_entries
+from sgjit.runtime.request import PrefixHandle, Request, Status
+from sgjit.runtime.result import FinishReason
+from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.scheduler import RowChunk, Scheduler
 from sgjit.runtime.tokenizer import Tokenizer
 
@@ -86,6 +88,9 @@ class Engine:
         self.tokenizer = parts.tokenizer
         self.eos_token_ids = parts.eos_token_ids
         self.max_model_len = parts.max_model_len
+        self.output = OutputProcessor(
+            parts.tokenizer, parts.eos_token_ids, parts.max_model_len, parts.sampler.vocab_size
+        )
         self.pool: PagedKVPool = parts.scheduler.pool
         self.cache: RadixCache = parts.scheduler.cache
 
@@ -160,9 +165,7 @@ class Engine:
         elif kind == "abort":
             req = self._by_id.get(arg)
             if req is not None:
-                self._finish(
-                    req, {"type": "abort", "message": "aborted"}, error=RequestAbortedError(f"{arg} aborted")
-                )
+                self._finish(req, FinishReason.abort("aborted"), error=RequestAbortedError(f"{arg} aborted"))
         elif kind == "release":
             self.pool.allocator.decref(arg.pages)
             arg.pages = []
@@ -192,7 +195,7 @@ class Engine:
             log.exception("forward step failed; failing its %d requests", len(batch.rows))
             for row in batch.rows:
                 if row.req.status is not Status.FINISHED:
-                    self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
+                    self._finish(row.req, FinishReason.abort(str(e)), error=e)
 
     def _multi_step_ok(self, req: Request) -> bool:
         """Rows the device can finish on its own between host syncs: greedy, or sampled where the
@@ -228,7 +231,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             log.exception("multi-step decode failed; failing its %d requests", len(batch.rows))
             for row in batch.rows:
-                self._finish(row.req, {"type": "abort", "message": str(e)}, error=e)
+                self._finish(row.req, FinishReason.abort(str(e)), error=e)
             return True
         if out is None:
             return False
@@ -250,11 +253,13 @@ class Engine:
         req = self.scheduler.waiting.popleft()
         err = SgjitError(f"request {req.rid} needs more KV pages than the pool can ever free")
         self.scheduler.waiting.appendleft(req)
-        self._finish(req, {"type": "abort", "message": str(err)}, error=err)
+        self._finish(req, FinishReason.abort(str(err)), error=err)
 
     def _process(self, rows: list[RowChunk], out: StepLogits) -> None:
         for b, (first_row, first_pos, count) in out.prompt_index.items():
-            self._record_input_logprobs(rows[b].req, out.logits[first_row : first_row + count], first_pos)
+            self.output.record_input_logprobs(
+                rows[b].req, out.logits[first_row : first_row + count], first_pos
+            )
         sampled_rows = []
         for b, row in enumerate(rows):
             req = row.req
@@ -264,100 +269,33 @@ class Engine:
             if row.sample:
                 sampled_rows.append(b)
             elif req.pending == 0 and not req.wants_tokens:
-                self._finish(req, {"type": "length", "length": req.params.max_new_tokens})
+                self._finish(req, FinishReason.at_length(req.params.max_new_tokens))
         if not sampled_rows:
             return
         reqs = [rows[b].req for b in sampled_rows]
         logits = out.logits[[out.sample_index[b] for b in sampled_rows]]
         logits = self.sampler.process_logits(logits, reqs, self.eos_token_ids)
         tokens = self.sampler.sample(logits, reqs)
-        want_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
-        if want_lp:
-            lps = torch.log_softmax(logits[want_lp], dim=-1)
-            for j, i in enumerate(want_lp):
-                req = reqs[i]
-                entries, tops = logprob_entries(
-                    lps[j : j + 1], [tokens[i]], req.top_logprobs_num, self._text_fn(req)
-                )
-                req.output_token_logprobs.extend(entries)
-                if tops is not None:
-                    req.output_top_logprobs.extend(tops)
+        self.output.record_output_logprobs(reqs, logits, tokens)
         now = time.monotonic()
         for req, tok in zip(reqs, tokens):
             try:
                 self._append_token(req, tok, now)
             except Exception as e:  # noqa: BLE001 - e.g. a grammar failure ends only its request
                 log.exception("request %s failed", req.rid)
-                self._finish(req, {"type": "abort", "message": str(e)}, error=e)
-
-    def _text_fn(self, req: Request) -> Callable[[int], str] | None:
-        return (lambda t: self.tokenizer.decode([t])) if req.return_text_in_logprobs else None
-
-    def _record_input_logprobs(self, req: Request, logits: torch.Tensor, first_pos: int) -> None:
-        text = self._text_fn(req)
-        if req.next_input_logprob == 0 and not req.input_token_logprobs:
-            first = req.tokens[0]
-            req.input_token_logprobs.append((None, first, text(first) if text else None))
-            req.input_top_logprobs.append(None)
-        targets = req.tokens[first_pos + 1 : first_pos + 1 + logits.shape[0]]
-        lps = torch.log_softmax(logits[:, : self.sampler.vocab_size], dim=-1)
-        entries, tops = logprob_entries(lps, targets, req.top_logprobs_num, text)
-        req.input_token_logprobs.extend(entries)
-        req.input_top_logprobs.extend(tops if tops is not None else [None] * len(entries))
-        req.next_input_logprob = first_pos + 1 + len(targets)
+                self._finish(req, FinishReason.abort(str(e)), error=e)
 
     def _append_token(self, req: Request, tok: int, now: float) -> None:
-        p = req.params
-        req.tokens.append(tok)
         self.counters["generation_tokens_total"] += 1
         if req.first_token_time is None:
             req.first_token_time = now
-        if req.grammar is not None:
-            req.grammar.accept(tok)
-        old_len = len(req.detokenizer.text)
-        req.detokenizer.push([tok])
-        finish = None
-        if tok in p.stop_token_ids or (tok in self.eos_token_ids and not p.ignore_eos):
-            finish = {"type": "stop", "matched": tok}
-        elif p.stop:
-            text = req.detokenizer.text
-            longest = max(len(s) for s in p.stop)
-            window_start = max(0, old_len - longest + 1)
-            hits = [(text.find(s, window_start), s) for s in p.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                i, s = min(hits)
-                req.stop_trim = len(text) - (i + len(s) if p.no_stop_trim else i)
-                finish = {"type": "stop", "matched": s}
-        if finish is None and req.grammar is not None and req.grammar.is_finished():
-            finish = {"type": "stop", "matched": None}
-        if finish is None and not req.wants_tokens:
-            finish = {"type": "length", "length": p.max_new_tokens}
-        if finish is None and len(req.tokens) >= self.max_model_len:
-            finish = {"type": "length", "length": req.num_output}
+        finish = self.output.accept(req, tok)
         if finish is not None:
             self._finish(req, finish)
         else:
-            self._stream(req)
+            self.output.stream(req)
 
-    def _stream(self, req: Request) -> None:
-        if req.sink is None:
-            return
-        text = req.detokenizer.text
-        hold = max((len(s) for s in req.params.stop), default=1) - 1
-        upto = len(text) - hold
-        if upto > req.released_chars:
-            delta = text[req.released_chars : upto]
-            req.released_chars = upto
-            req.emit(RequestUpdate(req.rid, delta, self._unreleased_tokens(req)))
-
-    @staticmethod
-    def _unreleased_tokens(req: Request) -> list[int]:
-        tokens = req.output_ids[req.released_tokens :]
-        req.released_tokens = req.num_output
-        return tokens
-
-    def _finish(self, req: Request, reason: dict, error: Exception | None = None) -> None:
+    def _finish(self, req: Request, reason: FinishReason, error: Exception | None = None) -> None:
         if req.status is Status.FINISHED:
             return
         req.finish_reason = reason
@@ -373,30 +311,4 @@ class Engine:
         with self._count_lock:
             self.unfinished -= 1
         self._by_id.pop(req.rid, None)
-        req.detokenizer.flush()
-        text = req.detokenizer.text
-        if req.stop_trim:
-            text = text[: len(text) - req.stop_trim]
-        delta = text[req.released_chars :] if len(text) > req.released_chars else ""
-        req.released_chars = len(text)
-        result = None if error is not None else self.result(req, text)
-        tokens = self._unreleased_tokens(req)
-        req.emit(
-            RequestUpdate(req.rid, delta, tokens, finished=True, result=result, error=error, handle=handle)
-        )
-
-    def result(self, req: Request, text: str) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "prompt_tokens": req.prompt_len,
-            "completion_tokens": req.num_output,
-            "cached_tokens": req.cached_tokens,
-            "finish_reason": req.finish_reason,
-            "e2e_latency": time.monotonic() - req.arrival,
-        }
-        if req.return_logprob:
-            meta["input_token_logprobs"] = req.input_token_logprobs
-            meta["output_token_logprobs"] = req.output_token_logprobs
-            meta["input_top_logprobs"] = req.input_top_logprobs
-            meta["output_top_logprobs"] = req.output_top_logprobs
-        return {"text": text, "output_ids": req.output_ids, "meta_info": meta}
+        self.output.finish(req, error, handle)

@@ -1,37 +1,16 @@
-"""Profiling: NVTX ranges (visible in Nsight Systems) around scheduler steps, forward passes and plan
-nodes, and torch.profiler windows written as Chrome traces. NVTX costs nothing unless switched on
-(`SGJIT_NVTX=1`, or while a profiler window is open)."""
+"""torch.profiler windows over the engine's work, written as Chrome traces; NVTX ranges are switched on
+while a window is open."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from sgjit.nvtx import reset_nvtx, set_nvtx
+
 log = logging.getLogger(__name__)
-
-_nvtx_on = os.environ.get("SGJIT_NVTX", "0") == "1"
-
-
-def set_nvtx(enabled: bool) -> None:
-    global _nvtx_on
-    _nvtx_on = enabled and torch.cuda.is_available()
-
-
-@contextlib.contextmanager
-def nvtx_range(name: str) -> Iterator[None]:
-    if not _nvtx_on:
-        yield
-        return
-    torch.cuda.nvtx.range_push(name)
-    try:
-        yield
-    finally:
-        torch.cuda.nvtx.range_pop()
 
 
 class TraceWindow:
@@ -52,7 +31,7 @@ class TraceWindow:
 
     def stop(self) -> Path:
         self.prof.stop()
-        set_nvtx(os.environ.get("SGJIT_NVTX", "0") == "1")
+        reset_nvtx()
         self.prof.export_chrome_trace(str(self.path))
         log.info("profile written to %s", self.path)
         return self.path

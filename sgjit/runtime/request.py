@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sgjit.runtime.result import FinishReason, Logprobs, RequestUpdate
 from sgjit.runtime.sampling_params import SamplingParams
 from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
@@ -26,9 +27,6 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-LogprobEntry = tuple[float | None, int, str | None]
-
-
 @dataclass(slots=True)
 class PrefixHandle:
     """Pages of a finished sequence kept resident for its program's next step; release it through
@@ -36,21 +34,6 @@ class PrefixHandle:
 
     token_ids: list[int]
     pages: list[int]
-
-
-@dataclass(slots=True)
-class RequestUpdate:
-    """What a request reports to its submitter: new text and every output token since the last
-    update (tokens whose text is still held back ride with the next update), and on finish the whole
-    result (SGLang's `{"text", "output_ids", "meta_info"}`)."""
-
-    rid: str
-    text: str
-    token_ids: list[int]
-    finished: bool = False
-    result: dict[str, Any] | None = None
-    error: Exception | None = None
-    handle: PrefixHandle | None = None
 
 
 @dataclass(eq=False)
@@ -70,14 +53,13 @@ class Request:
         False  # a compiled program's step: admitted with room for its worst case, never preempted for others
     )
     grammar: Any = None  # a GrammarMatcher when the request is constrained
-    pinned_nodes: list[Any] = field(default_factory=list)  # radix nodes a JIT plan keeps resident
     # --- engine state ---
     tokens: list[int] = field(default_factory=list)  # prompt + output
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are in `pages`
     cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     status: Status = Status.WAITING
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     stop_trim: int = 0  # characters of matched stop string to cut from the text
     released_chars: int = 0  # text sent to the sink so far
     released_tokens: int = 0  # output tokens sent to the sink so far
@@ -85,13 +67,12 @@ class Request:
     first_token_time: float | None = None
     preemptions: int = 0
     next_input_logprob: int = 0  # next prompt position whose input logprob is still to record
-    input_token_logprobs: list[LogprobEntry] = field(default_factory=list)
-    input_top_logprobs: list[list[LogprobEntry] | None] = field(default_factory=list)
-    output_token_logprobs: list[LogprobEntry] = field(default_factory=list)
-    output_top_logprobs: list[list[LogprobEntry]] = field(default_factory=list)
+    logprobs: Logprobs | None = None  # what is recorded of them, when return_logprob
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)
+        if self.return_logprob:
+            self.logprobs = Logprobs()
         self.prompt_len = len(self.prompt_ids)
         wants_input = self.return_logprob and self.logprob_start_len >= 0
         self.next_input_logprob = (

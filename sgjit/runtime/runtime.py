@@ -11,26 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyError, SgjitError
-from sgjit.kernels.cpu import cpu_ops
-from sgjit.kernels.reference import REFERENCE_OPS
+from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyError
+from sgjit.runtime.assembly import assemble
 from sgjit.runtime.config import RuntimeConfig
-from sgjit.runtime.cuda_graph import DecodeGraphs
-from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
 from sgjit.runtime.engine import Engine, EngineParts
-from sgjit.runtime.grammar import GrammarCompiler
-from sgjit.runtime.kv_pool import PagedKVPool
-from sgjit.runtime.loader import load_checkpoint
-from sgjit.runtime.model.llama import LlamaModel
-from sgjit.runtime.model_runner import ModelRunner
 from sgjit.runtime.profiling import TraceWindow
-from sgjit.runtime.radix_cache import RadixCache
-from sgjit.runtime.request import PrefixHandle, Request, RequestUpdate, new_request_id
-from sgjit.runtime.sampler import Sampler
+from sgjit.runtime.request import PrefixHandle, Request, new_request_id
+from sgjit.runtime.result import GenerateResult, RequestUpdate
 from sgjit.runtime.sampling_params import SamplingParams
-from sgjit.runtime.scheduler import Scheduler, SchedulerConfig
 from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -48,11 +36,6 @@ class Runtime:
         )
         t0 = time.perf_counter()
         self.engine = Engine(self._build)
-        self.jit = None
-        if self.config.enable_jit:
-            from sgjit.compiler.jit import PlanJit
-
-            self.jit = PlanJit(self, self.config.jit_cache_limit, self.config.jit_arg_budget)
         self.load_seconds = time.perf_counter() - t0
         mc = self.model_config
         log.info(
@@ -63,64 +46,16 @@ class Runtime:
 
     def _build(self) -> EngineParts:
         """Load the model and build the engine's parts (runs on the engine thread)."""
-        cfg = self.config
-        self.device = resolve_device(cfg.device)
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
-        if self.device.type == "cpu" and cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        ckpt = load_checkpoint(cfg.model, self.device, self.dtype)
-        self.model_config = mc = ckpt.config
-        self.model_path = ckpt.path
-        self.tokenizer = ckpt.tokenizer
-        weight_bytes = mc.num_params() * torch.empty(0, dtype=self.dtype).element_size()
-        kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else self.dtype
-        per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
-        tokens = cfg.max_total_tokens or kv_budget_tokens(
-            self.device, per_token, weight_bytes, cfg.mem_fraction_static,
-            activation_reserve=cfg.chunked_prefill_size * mc.vocab_size * 4 + (1 << 30),
-        )  # fmt: skip
-        num_pages = tokens // cfg.page_size + 1  # + the scratch page
-        if num_pages < 3:
-            raise SgjitError(
-                f"no memory left for the KV cache ({tokens} tokens); use a smaller model or raise mem_fraction_static"
-            )
-        self.pool = PagedKVPool(
-            mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device
+        a = assemble(self.config)
+        self.device, self.dtype, self.model_config, self.model_path = (
+            a.device,
+            a.dtype,
+            a.model_config,
+            a.model_path,
         )
-        self.max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, self.pool.capacity_tokens)
-        self.ops = cpu_ops(self.dtype) if self.device.type == "cpu" else REFERENCE_OPS
-        if self.device.type == "cuda" and cfg.enable_jit:
-            from sgjit.compiler.select import Workload
-            from sgjit.kernels.table import jit_ops
-
-            workload = Workload(cfg.max_running_requests, self.max_model_len, cfg.chunked_prefill_size)
-            self.ops, self.kernel_set = jit_ops(
-                self.device, mc, self.dtype, kv_dtype, cfg.page_size, workload
-            )
-        self.model = LlamaModel(
-            mc, ckpt.weights, self.ops, self.device, self.dtype,
-            max_positions=max(self.max_model_len, mc.max_position_embeddings),
-            rope_freq_factors=ckpt.rope_freq_factors,
-        )  # fmt: skip
-        self.grammars = GrammarCompiler(
-            self.tokenizer, mc.vocab_size, mc.eos_token_ids or self.tokenizer.eos_token_ids
-        )
-        cache = RadixCache(self.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache)
-        sched_cfg = SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy)
-        graphs = None
-        if self.device.type == "cuda" and cfg.enable_jit:
-            graphs = DecodeGraphs(
-                self.model, self.pool, cfg.cuda_graph_max_bs, self.max_model_len, steps=cfg.multi_step,
-                eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids, capture=not cfg.disable_cuda_graph,
-            )  # fmt: skip
-        return EngineParts(
-            runner=ModelRunner(self.model, self.pool, graphs),
-            scheduler=Scheduler(self.pool, cache, sched_cfg),
-            sampler=Sampler(self.ops, self.device, mc.vocab_size, cfg.seed),
-            tokenizer=self.tokenizer,
-            eos_token_ids=mc.eos_token_ids or self.tokenizer.eos_token_ids,
-            max_model_len=self.max_model_len,
-        )
+        self.tokenizer, self.pool, self.max_model_len = a.tokenizer, a.pool, a.max_model_len
+        self.ops, self.kernel_set, self.grammars = a.ops, a.kernel_set, a.grammars
+        return a.parts
 
     # ----- requests -----
     def make_request(
@@ -247,7 +182,7 @@ class Runtime:
             if batched:
                 raise InvalidRequestError("stream=True takes one prompt, not a list", "stream")
             return self._stream(reqs[0])
-        results = self.run_requests(reqs)
+        results = [r.to_dict() for r in self.run_requests(reqs)]
         return results if batched else results[0]
 
     def make_requests(
@@ -277,7 +212,7 @@ class Runtime:
             )
         return [self.make_request(ids, sp, **logprob_options) for ids, sp in zip(id_lists, params)], batched
 
-    def run_requests(self, reqs: list[Request]) -> list[dict[str, Any]]:
+    def run_requests(self, reqs: list[Request]) -> list[GenerateResult]:
         """Submit requests together and wait for all; their results in order (raises the first error)."""
         done: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
         self.submit_batch(reqs, lambda u: done.put(u) if u.finished else None)
@@ -290,6 +225,7 @@ class Runtime:
             u = by_id[r.rid]
             if u.error is not None:
                 raise u.error
+            assert u.result is not None
             out.append(u.result)
         return out
 
@@ -305,7 +241,7 @@ class Runtime:
                     yield {
                         "text": u.text,
                         "output_ids": u.token_ids,
-                        "meta_info": u.result["meta_info"],
+                        "meta_info": u.result.meta_info(),
                         "finished": True,
                     }
                     return
@@ -336,23 +272,17 @@ class Runtime:
                 **self.engine.counters,
             }
 
-        jit = self.jit.counters() if self.jit is not None else {}  # JIT counters exist with the JIT on
-
-        return {**self.engine.call(read), **jit}
+        return self.engine.call(read)
 
     def graph_summary(self) -> str:
         graphs = self.engine.runner.graphs
         if graphs is None:
             return ""
-        mode = "captured" if graphs.capture else "eager (disable_cuda_graph)"
+        mode = "captured" if graphs.capture else "eager (CUDA graphs off)"
         return (
             f"{mode}; batch buckets {graphs.buckets}; context buckets powers of two from 512 to "
             f"{graphs.max_context}; {graphs.steps} tokens per multi-step launch; {graphs.num_graphs} captured so far"
         )
-
-    def clear_jit_cache(self) -> int:
-        """Drop every compiled plan (unpinning their prefixes); returns how many."""
-        return self.jit.clear() if self.jit is not None else 0
 
     def flush_cache(self) -> int:
         """Drop every prefix-cache entry that is neither pinned nor in use; returns pages freed."""

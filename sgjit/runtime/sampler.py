@@ -1,6 +1,5 @@
 """Batched sampling for one step: penalties, min-token and grammar masks on the logits, then the ops
-table's `sample` (greedy / temperature / top-k / top-p / min-p, per-row seeds). Also the logprobs
-SGLang returns."""
+table's `sample` (greedy / temperature / top-k / top-p / min-p, per-row seeds)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from sgjit.kernels.ops import OpTable, SamplingTensors
-from sgjit.runtime.request import LogprobEntry, Request
+from sgjit.runtime.request import Request
 
 
 @dataclass(slots=True)
@@ -107,20 +106,3 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         return self.ops.sample(logits, self.sampling_tensors(reqs), self.generator).tolist()
-
-
-def logprob_entries(
-    logprobs: torch.Tensor, token_ids: list[int], top_n: int, text: callable | None
-) -> tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]:
-    """(logprob, id, text) of each chosen token and, when asked, of the `top_n` best at each row."""
-    ids = torch.tensor(token_ids, dtype=torch.int64, device=logprobs.device)
-    chosen = logprobs.gather(1, ids[:, None])[:, 0].tolist()
-    entries = [(lp, t, text(t) if text else None) for lp, t in zip(chosen, token_ids)]
-    if top_n <= 0:
-        return entries, None
-    vals, idx = logprobs.topk(top_n, dim=-1)
-    tops = [
-        [(v, i, text(i) if text else None) for v, i in zip(vrow, irow)]
-        for vrow, irow in zip(vals.tolist(), idx.tolist())
-    ]
-    return entries, tops

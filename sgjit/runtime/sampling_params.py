@@ -1,122 +1,53 @@
 """`SamplingParams`: SGLang's `sampling_params` keys, validated once at the door so nothing invalid
-reaches the engine thread."""
+reaches the engine thread. Each field also says where else it appears — as a `gen()` keyword, a
+default of `run()`, a field of the OpenAI requests — and every other form is derived from that:
+the DSL's `Gen` node and `RunDefaults`, the OpenAI request model and its mapping. A new knob is a
+field here, its use in the sampler, and (to be a `gen()` parameter) a keyword of `gen()`."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sgjit.errors import InvalidRequestError
 
-
-@dataclass(slots=True)
-class SamplingParams:
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    seed: int | None = None
-    regex: str | None = None
-    json_schema: str | None = None  # JSON text of the schema
-    choices: list[str] | None = None
-    ebnf: str | None = None
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
-
-    @property
-    def has_penalties(self) -> bool:
-        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
-
-    @property
-    def grammar_key(self) -> tuple[str, str] | None:
-        if self.regex is not None:
-            return ("regex", self.regex)
-        if self.json_schema is not None:
-            return ("json_schema", self.json_schema)
-        if self.choices is not None:
-            return ("choices", json.dumps(self.choices))
-        if self.ebnf is not None:
-            return ("ebnf", self.ebnf)
-        return None
-
-    @classmethod
-    def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
-        if isinstance(params, SamplingParams):
-            return params
-        if params is None:
-            return cls()
-        if not isinstance(params, dict):
-            raise InvalidRequestError(
-                f"sampling_params must be a dict, got {type(params).__name__}", "sampling_params"
-            )
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known - {"n"})
-        if unknown:
-            raise InvalidRequestError(
-                f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}", unknown[0]
-            )
-        sp = cls()
-        for key, value in params.items():
-            if key == "n" or value is None:
-                continue
-            setattr(sp, key, _CONVERT[key](key, value))
-        sp.validate()
-        return sp
-
-    def validate(self) -> None:
-        _check(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
-        _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
-        _check(self.temperature >= 0.0, "temperature", "must be >= 0")
-        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
-        _check(self.top_k == -1 or 1 <= self.top_k < 2**31, "top_k", "must be -1 (off) or in [1, 2**31)")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
-        _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
-        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
-        constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
-        _check(
-            len(constraints) <= 1,
-            constraints[-1] if constraints else "regex",
-            f"only one of {constraints} may be set",
-        )
-        _check(self.choices is None or len(self.choices) > 0, "choices", "must list at least one choice")
+Convert = Callable[[str, Any], Any]
 
 
-def _check(ok: bool, param: str, message: str) -> None:
-    if not ok:
-        raise InvalidRequestError(f"sampling parameter {param!r} {message}", param)
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """How one sampling parameter is read and where it is offered besides `sampling_params`."""
+
+    convert: Convert  # (key, raw value) -> normalised value; raises InvalidRequestError
+    accepts: Any  # the JSON type a request may give (for the OpenAI request model)
+    gen: str | None = None  # its gen() keyword; None: not a gen parameter
+    run: bool = False  # also a keyword of Function.run()/run_batch(): the default of every gen
+    openai: str | None = None  # its field in OpenAI requests; None: not offered there
 
 
 def _int(key: str, v: Any) -> int:
     if (
         isinstance(v, bool)
         or not isinstance(v, (int, float))
-        or (isinstance(v, float) and not v.is_integer())
+        or (isinstance(v, float) and not (math.isfinite(v) and v.is_integer()))
     ):
         raise InvalidRequestError(f"sampling parameter {key!r} must be an integer, got {v!r}", key)
     return int(v)
 
 
 def _float(key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise InvalidRequestError(f"sampling parameter {key!r} must be a finite number, got {v!r}", key)
-    return float(v)
+    try:
+        out = float(v)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):
+        raise InvalidRequestError(f"sampling parameter {key!r} must be a finite number, got {v!r}", key)
+    return out
 
 
 def _bool(key: str, v: Any) -> bool:
@@ -163,24 +94,121 @@ def _top_k(key: str, v: Any) -> int:
     return -1 if k == 0 else k
 
 
-_CONVERT = {
-    "max_new_tokens": _int,
-    "min_new_tokens": _int,
-    "temperature": _float,
-    "top_p": _float,
-    "top_k": _top_k,
-    "min_p": _float,
-    "frequency_penalty": _float,
-    "presence_penalty": _float,
-    "repetition_penalty": _float,
-    "stop": _str_list,
-    "stop_token_ids": _int_list,
-    "ignore_eos": _bool,
-    "skip_special_tokens": _bool,
-    "no_stop_trim": _bool,
-    "seed": _int,
-    "regex": _str,
-    "json_schema": _schema,
-    "choices": _str_list,
-    "ebnf": _str,
-}
+def knob(default: Any, convert: Convert, accepts: Any, **where: Any) -> Any:
+    """A `SamplingParams` field with its `Knob`."""
+    meta = {"knob": Knob(convert, accepts, **where)}
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_new_tokens: int = knob(128, _int, int, gen="max_tokens", run=True)
+    min_new_tokens: int = knob(0, _int, int, gen="min_tokens", openai="min_tokens")
+    temperature: float = knob(1.0, _float, float, gen="temperature", run=True, openai="temperature")
+    top_p: float = knob(1.0, _float, float, gen="top_p", run=True, openai="top_p")
+    top_k: int = knob(-1, _top_k, int, gen="top_k", run=True, openai="top_k")
+    min_p: float = knob(0.0, _float, float, gen="min_p", run=True, openai="min_p")
+    frequency_penalty: float = knob(
+        0.0, _float, float, gen="frequency_penalty", run=True, openai="frequency_penalty"
+    )
+    presence_penalty: float = knob(
+        0.0, _float, float, gen="presence_penalty", run=True, openai="presence_penalty"
+    )
+    repetition_penalty: float = knob(1.0, _float, float, openai="repetition_penalty")
+    stop: list[str] = knob([], _str_list, str | list[str], gen="stop", run=True, openai="stop")
+    stop_token_ids: list[int] = knob(
+        [], _int_list, list[int], gen="stop_token_ids", run=True, openai="stop_token_ids"
+    )
+    ignore_eos: bool = knob(False, _bool, bool, gen="ignore_eos", run=True, openai="ignore_eos")
+    skip_special_tokens: bool = knob(True, _bool, bool, openai="skip_special_tokens")
+    no_stop_trim: bool = knob(False, _bool, bool)
+    seed: int | None = knob(None, _int, int, openai="seed")
+    regex: str | None = knob(None, _str, str, gen="regex", openai="regex")
+    json_schema: str | None = knob(
+        None, _schema, str | dict[str, Any], gen="json_schema", openai="json_schema"
+    )
+    choices: list[str] | None = knob(None, _str_list, list[str])
+    ebnf: str | None = knob(None, _str, str, openai="ebnf")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def grammar_key(self) -> tuple[str, str] | None:
+        if self.regex is not None:
+            return ("regex", self.regex)
+        if self.json_schema is not None:
+            return ("json_schema", self.json_schema)
+        if self.choices is not None:
+            return ("choices", json.dumps(self.choices))
+        if self.ebnf is not None:
+            return ("ebnf", self.ebnf)
+        return None
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | SamplingParams | None) -> SamplingParams:
+        if isinstance(params, SamplingParams):
+            return params
+        if params is None:
+            return cls()
+        if not isinstance(params, dict):
+            raise InvalidRequestError(
+                f"sampling_params must be a dict, got {type(params).__name__}", "sampling_params"
+            )
+        unknown = sorted(set(params) - set(KNOBS) - {"n"})
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown sampling parameter(s) {unknown}; known: {sorted(KNOBS)}", unknown[0]
+            )
+        sp = cls()
+        for key, value in params.items():
+            if key == "n" or value is None:
+                continue
+            setattr(sp, key, KNOBS[key].convert(key, value))
+        sp.validate()
+        return sp
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from the defaults (what a request must send to mean this)."""
+        default = SamplingParams()
+        return {k: getattr(self, k) for k in KNOBS if getattr(self, k) != getattr(default, k)}
+
+    def validate(self) -> None:
+        _check(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+        _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
+        _check(self.temperature >= 0.0, "temperature", "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(self.top_k == -1 or 1 <= self.top_k < 2**31, "top_k", "must be -1 (off) or in [1, 2**31)")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
+        _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
+        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
+        constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
+        _check(
+            len(constraints) <= 1,
+            constraints[-1] if constraints else "regex",
+            f"only one of {constraints} may be set",
+        )
+        _check(self.choices is None or len(self.choices) > 0, "choices", "must list at least one choice")
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(f"sampling parameter {param!r} {message}", param)
+
+
+KNOBS: dict[str, Knob] = {f.name: f.metadata["knob"] for f in fields(SamplingParams)}
+GEN_KEYS: dict[str, str] = {k.gen: name for name, k in KNOBS.items() if k.gen}  # gen() keyword -> field
+RUN_KEYS: tuple[str, ...] = tuple(name for name, k in KNOBS.items() if k.run)
+OPENAI_KEYS: dict[str, str] = {
+    k.openai: name for name, k in KNOBS.items() if k.openai
+}  # OpenAI field -> field

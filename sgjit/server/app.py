@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-import sgjit
 from sgjit.server import native_api, openai_api, plans_api, profile_api
 from sgjit.server.args import ServerArgs
 from sgjit.server.auth import require_api_key
 from sgjit.server.errors import install_error_handlers
 from sgjit.server.state import ServerState
+from sgjit.version import __version__
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
@@ -23,7 +23,7 @@ ROUTERS = (native_api.router, openai_api.router, plans_api.router, profile_api.r
 
 def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:
     """An app serving `runtime`; without one it answers 503 (starting) until `ServerState.set_ready`."""
-    app = FastAPI(title="sgjit", version=sgjit.__version__, dependencies=[Depends(require_api_key)])
+    app = FastAPI(title="sgjit", version=__version__, dependencies=[Depends(require_api_key)])
     app.state.sgjit = ServerState(args, runtime)
     for router in ROUTERS:
         app.include_router(router)

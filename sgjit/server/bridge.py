@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request as HttpRequest
 
 from sgjit.errors import InvalidRequestError
-from sgjit.runtime.request import Request, RequestUpdate
+from sgjit.runtime.request import Request
+from sgjit.runtime.result import GenerateResult, RequestUpdate
 from sgjit.server.errors import ClientDisconnected
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class RequestGroup:
         if u.finished:
             metrics.e2e.observe(now - self._start)
 
-    async def results(self, http: HttpRequest | None = None) -> list[dict[str, Any]]:
+    async def results(self, http: HttpRequest | None = None) -> list[GenerateResult]:
         """Every request's final result, in order. With `http`, a client that disconnects first
         raises `ClientDisconnected` (the caller's `close` then aborts the requests)."""
         collect = asyncio.ensure_future(self._collect())
@@ -129,12 +130,12 @@ class RequestGroup:
             raise ClientDisconnected()
         return collect.result()
 
-    async def _collect(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [{}] * len(self.reqs)
+    async def _collect(self) -> list[GenerateResult]:
+        out: list[GenerateResult | None] = [None] * len(self.reqs)
         async for i, u in self.updates():
             if u.finished:
                 out[i] = u.result
-        return out
+        return [r for r in out if r is not None]
 
 
 async def _wait_for_disconnect(http: HttpRequest) -> None:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import sgjit
-from sgjit.compiler.arch import DeviceProfile, arch_hash, device_profile
+from sgjit.kernels.arch import DeviceProfile, arch_hash, device_profile
+from sgjit.kernels.spec import dtype_name
+from sgjit.version import __version__
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
@@ -34,7 +35,7 @@ def op_table(rt: Runtime) -> dict[str, str]:
 
 def kernel_choices(rt: Runtime) -> dict[str, dict[str, Any]] | None:
     """The kernel selector's choice per op, with its tunables and reason (JIT on a GPU only)."""
-    kernel_set = getattr(rt, "kernel_set", None)  # NOTE: the runtime sets it only when it selects kernels
+    kernel_set = rt.kernel_set
     if kernel_set is None:
         return None
     return {
@@ -55,9 +56,20 @@ def _plain(value: Any) -> Any:
     )
 
 
+def jit_switches(rt: Runtime) -> dict[str, bool]:
+    """Which parts of the JIT this runtime uses (the CUDA ones only on a GPU)."""
+    cfg = rt.config
+    return {
+        "plan_jit": cfg.use_plan_jit,
+        "cuda_kernels": rt.kernel_set is not None,
+        "cuda_graph": cfg.use_cuda_graph and rt.device.type == "cuda",
+    }
+
+
 def jit_info(rt: Runtime, stats: dict[str, Any]) -> dict[str, Any]:
     return {
         "enabled": rt.config.enable_jit,
+        **jit_switches(rt),
         "cache_limit": rt.config.jit_cache_limit,
         "compiles": stats.get("jit_compiles"),
         "cache_hits": stats.get("jit_cache_hits"),
@@ -89,10 +101,10 @@ def model_info(state: ServerState) -> dict[str, Any]:
 
 def server_info(state: ServerState) -> dict[str, Any]:
     rt = state.loaded()
-    stats = rt.stats()
+    stats = state.stats() or {}
     profile = device_profile(rt.device)
     return {
-        "version": sgjit.__version__,
+        "version": __version__,
         "phase": state.phase.value,
         "uptime_s": time.time() - state.started_at,
         "server_args": state.args.public_dict(),
@@ -111,13 +123,10 @@ def server_info(state: ServerState) -> dict[str, Any]:
     }
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def ready_line(state: ServerState, url: str) -> str:
     rt = state.loaded()
-    jit = "on" if rt.config.enable_jit else "off"
+    on = [name for name, used in jit_switches(rt).items() if used]
+    jit = ("on: " + ", ".join(on)) if on else "off"
     return (
         f"sgjit ready at {url} | model {state.model_name} ({rt.model_path.name}) | device {rt.device} "
         f"{dtype_name(rt.dtype)} | arch {device_arch(device_profile(rt.device))} | JIT {jit} | KV cache "

@@ -17,7 +17,7 @@ import uvicorn
 
 from sgjit.errors import SgjitError
 from sgjit.runtime.loader import resolve_model
-from sgjit.runtime.model.shapes import RANDOM_PREFIX
+from sgjit.runtime.model.presets import RANDOM_PREFIX
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.app import create_app
 from sgjit.server.args import ServerArgs

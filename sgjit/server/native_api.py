@@ -50,7 +50,7 @@ async def generate(
     if body.stream:
         return SSEResponse(generate_events(group, batched), group)
     async with group:
-        results = await group.results(request)
+        results = [r.to_dict() for r in await group.results(request)]
     return Response(json_bytes(results if batched else results[0]), media_type="application/json")
 
 
@@ -61,7 +61,8 @@ async def generate_events(group: RequestGroup, batched: bool) -> AsyncIterator[b
     ids: list[list[int]] = [[] for _ in group.reqs]
     async for i, u in group.updates():
         if u.finished:
-            chunk = dict(u.result)
+            assert u.result is not None
+            chunk = u.result.to_dict()
         else:
             req = group.reqs[i]
             texts[i] += u.text
@@ -100,7 +101,7 @@ async def health_generate(request: Request, rt: Runtime = Depends(accepting_runt
         raise unavailable(
             f"the engine did not answer within {HEALTH_GENERATE_TIMEOUT_S:.0f} s", "engine_stalled"
         ) from e
-    return {"status": "ok", "output_ids": result["output_ids"]}
+    return {"status": "ok", "output_ids": result.output_ids}
 
 
 @router.get("/get_model_info")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from sgjit.runtime.result import GenerateResult
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import ApiError
@@ -87,7 +87,7 @@ async def _respond(
     body: OpenAISampling,
     job: Job,
     stream_chunks: Callable[[bool], ChatChunks | CompletionChunks],
-    full_response: Callable[[list[dict[str, Any]]], BaseModel],
+    full_response: Callable[[list[GenerateResult]], BaseModel],
 ) -> Response:
     state = server_state(request)
     group = await _start(state, job, request)
@@ -105,5 +105,5 @@ async def _start(state: ServerState, job: Job, request: Request) -> RequestGroup
     group = RequestGroup(state, job.reqs)
     if job.prefills:
         async with RequestGroup(state, job.prefills, observe=False).submit() as prefill:
-            job.prefill_cached = [r["meta_info"]["cached_tokens"] for r in await prefill.results(request)]
+            job.prefill_cached = [r.cached_tokens for r in await prefill.results(request)]
     return group.submit()

@@ -7,9 +7,8 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
-from sgjit.runtime.request import LogprobEntry
+from sgjit.runtime.result import GenerateResult, LogprobEntry
 from sgjit.server.openai_params import Job
 from sgjit.server.protocol import (
     AssistantMessage,
@@ -36,21 +35,21 @@ def now() -> int:
     return int(time.time())
 
 
-def finish_reason(result: dict[str, Any]) -> str:
+def finish_reason(result: GenerateResult) -> str:
     """OpenAI's finish reason for an engine result: `stop` (EOS, a stop string or token, or the
     grammar's end) or `length` (max_tokens or the context ran out)."""
-    return "length" if result["meta_info"]["finish_reason"]["type"] == "length" else "stop"
+    return "length" if result.finish_reason.type == "length" else "stop"
 
 
-def usage(job: Job, results: Sequence[dict[str, Any]]) -> Usage:
+def usage(job: Job, results: Sequence[GenerateResult]) -> Usage:
     """Prompts count once however many choices they have; cached tokens are those each prompt
     found in the prefix cache (with n > 1, what its shared prefill found)."""
-    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    completion = sum(r.completion_tokens for r in results)
     prompt = sum(job.prompt_lens)
     if job.n > 1:
         cached = sum(job.prefill_cached)
     else:
-        cached = sum(r["meta_info"]["cached_tokens"] for r in results)
+        cached = sum(r.cached_tokens for r in results)
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -93,18 +92,20 @@ def completion_logprobs(
     return out
 
 
-def _result_logprobs(result: dict[str, Any]) -> tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]:
-    meta = result["meta_info"]
-    return meta.get("output_token_logprobs", []), meta.get("output_top_logprobs") or None
+def _result_logprobs(result: GenerateResult) -> tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]:
+    lp = result.logprobs
+    if lp is None:
+        return [], None
+    return lp.output_token_logprobs, lp.output_top_logprobs or None
 
 
 def chat_response(
-    job: Job, results: list[dict[str, Any]], model: str, logprobs: bool
+    job: Job, results: list[GenerateResult], model: str, logprobs: bool
 ) -> ChatCompletionResponse:
     choices = [
         ChatChoice(
             index=i,
-            message=AssistantMessage(content=r["text"]),
+            message=AssistantMessage(content=r.text),
             logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None,
             finish_reason=finish_reason(r),
         )
@@ -116,12 +117,12 @@ def chat_response(
 
 
 def completion_response(
-    job: Job, results: list[dict[str, Any]], model: str, logprobs: bool
+    job: Job, results: list[GenerateResult], model: str, logprobs: bool
 ) -> CompletionResponse:
     choices = [
         CompletionChoice(
             index=i,
-            text=r["text"],
+            text=r.text,
             logprobs=completion_logprobs(*_result_logprobs(r), 0) if logprobs else None,
             finish_reason=finish_reason(r),
         )

@@ -112,22 +112,7 @@ def _job(
 
 def sampling_params(body: OpenAISampling, max_new_tokens: int, constraint: dict[str, Any]) -> dict[str, Any]:
     """`SamplingParams` keys for an OpenAI request (fields left out keep sgjit's defaults)."""
-    params = {
-        "max_new_tokens": max_new_tokens,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "min_p": body.min_p,
-        "stop": body.stop,
-        "seed": body.seed,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "ignore_eos": body.ignore_eos,
-        "regex": body.regex,
-        "json_schema": body.json_schema,
-        **constraint,
-    }
-    return {k: v for k, v in params.items() if v is not None}
+    return {**body.sampling_fields(), "max_new_tokens": max_new_tokens, **constraint}
 
 
 def response_constraint(body: ChatCompletionRequest) -> dict[str, Any]:

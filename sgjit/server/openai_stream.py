@@ -5,9 +5,8 @@ chunk with its finish reason; then, when `stream_options.include_usage` is set, 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
-from sgjit.runtime.request import LogprobEntry
+from sgjit.runtime.result import GenerateResult, LogprobEntry
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.openai_output import chat_logprobs, completion_logprobs, finish_reason, new_id, now, usage
 from sgjit.server.openai_params import Job
@@ -85,22 +84,23 @@ async def openai_events(
         if (opening := chunks.opening(i)) is not None:
             yield opening
     sent = [0] * len(group.reqs)  # tokens of each choice streamed so far
-    results: list[dict[str, Any]] = [{}] * len(group.reqs)
+    results: list[GenerateResult | None] = [None] * len(group.reqs)
     async for i, u in group.updates():
         logprobs = None
         req = group.reqs[i]
-        if req.return_logprob and u.token_ids:
+        if req.logprobs is not None and u.token_ids:
             # NOTE: read from the engine's request: its logprob lists only grow, and the entries of
             # these tokens were appended before the update was emitted.
             span = slice(sent[i], sent[i] + len(u.token_ids))
-            tops = req.output_top_logprobs[span] if req.top_logprobs_num else None
-            logprobs = (req.output_token_logprobs[span], tops)
+            tops = req.logprobs.output_top_logprobs[span] if req.top_logprobs_num else None
+            logprobs = (req.logprobs.output_token_logprobs[span], tops)
         sent[i] += len(u.token_ids)
         if u.text or logprobs:
             yield chunks.delta(i, u.text, logprobs)
         if u.finished:
+            assert u.result is not None
             results[i] = u.result
             yield chunks.finish(i, finish_reason(u.result))
     if chunks.include_usage:
-        yield chunks.usage(usage(job, results))
+        yield chunks.usage(usage(job, [r for r in results if r is not None]))
     yield DONE

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from sgjit.compiler.execute import text_args
 from sgjit.compiler.plan import GraphPlan
 from sgjit.errors import ProgramError
 from sgjit.lang.defaults import RunDefaults
@@ -50,7 +49,7 @@ def state_result(plan: GraphPlan, state: ProgramState) -> dict[str, Any]:
 
 
 def _bind(plan: GraphPlan, args: dict[str, Any]) -> dict[str, str]:
-    needed = text_args(plan)
+    needed = plan.text_args()
     missing = [a for a in needed if a not in args]
     if missing:
         raise ProgramError(f"plan {plan.name} needs arguments {needed}; missing {missing}")
@@ -63,9 +62,7 @@ def _bind(plan: GraphPlan, args: dict[str, Any]) -> dict[str, str]:
 def _defaults(values: dict[str, Any]) -> RunDefaults:
     defaults, unknown = RunDefaults.split(values)
     if unknown:
-        raise ProgramError(
-            f"unknown run defaults {sorted(unknown)}; known: {sorted(RunDefaults.__dataclass_fields__)}"
-        )
+        raise ProgramError(f"unknown run defaults {sorted(unknown)}; known: {sorted(RunDefaults.names())}")
     return defaults
 
 
@@ -77,9 +74,10 @@ async def register_plan(
     plan = GraphPlan.from_json(text)
     server_state(request).plans[plan.plan_hash] = plan
     compile_ms, compiled = 0.0, False
-    if rt.jit is not None:
+    backend = RuntimeBackend.of(rt)
+    if backend.jit is not None:
         t = time.perf_counter()
-        await run_in_threadpool(rt.jit.compile, plan)
+        await run_in_threadpool(backend.compile, plan)
         compile_ms, compiled = (time.perf_counter() - t) * 1000, True
     return Response(json_bytes({"plan_hash": plan.plan_hash, "name": plan.name, "compiled": compiled,
                                 "compile_ms": compile_ms}), media_type="application/json")  # fmt: skip
@@ -123,12 +121,12 @@ async def delete_plan(plan_hash: str, request: Request) -> dict[str, Any]:
     _plan(request, plan_hash)
     state = server_state(request)
     del state.plans[plan_hash]
-    rt = state.loaded()
-    dropped = rt.jit.invalidate(plan_hash) if rt.jit is not None else 0
+    jit = RuntimeBackend.of(state.loaded()).jit
+    dropped = jit.invalidate(plan_hash) if jit is not None else 0
     return {"plan_hash": plan_hash, "deleted": True, "compiled_entries_dropped": dropped}
 
 
 @router.post("/jit/clear")
 async def clear_jit(request: Request) -> dict[str, Any]:
-    rt = server_state(request).loaded()
-    return {"cleared": await run_in_threadpool(rt.clear_jit_cache)}
+    backend = RuntimeBackend.of(server_state(request).loaded())
+    return {"cleared": await run_in_threadpool(backend.clear_jit_cache)}

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
+
+from sgjit.runtime.sampling_params import KNOBS, OPENAI_KEYS
 
 MAX_N = 128  # choices per request: enough for best-of sampling, small enough to refuse abuse
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limits
@@ -64,26 +66,27 @@ class ResponseFormat(Lenient):
     json_schema: JsonSchemaSpec | None = None
 
 
-class OpenAISampling(Lenient):
-    """Fields chat and text completions share, OpenAI's and the extras SGLang and vLLM accept."""
+# The sampling fields of OpenAI requests (OpenAI's own and the extras SGLang and vLLM accept), one
+# per `SamplingParams` knob offered there; None leaves sgjit's default.
+OpenAISamplingFields = create_model(
+    "OpenAISamplingFields",
+    __base__=Lenient,
+    **{name: (KNOBS[key].accepts | None, None) for name, key in OPENAI_KEYS.items()},
+)
+
+
+class OpenAISampling(OpenAISamplingFields):  # type: ignore[misc, valid-type]
+    """Fields chat and text completions share."""
 
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    # extras
-    top_k: int | None = None
-    min_p: float | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ignore_eos: bool = False
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The sampling fields the request set, under `SamplingParams` names."""
+        return {key: v for name, key in OPENAI_KEYS.items() if (v := getattr(self, name)) is not None}
 
 
 class ChatCompletionRequest(OpenAISampling):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from sgjit.lang.runtime_backend import RuntimeBackend
 from sgjit.server.args import ServerArgs
 from sgjit.server.errors import unavailable
 from sgjit.server.metrics import ServerMetrics
@@ -72,7 +73,10 @@ class ServerState:
         return runtime
 
     def stats(self) -> dict[str, Any] | None:
-        return None if self.runtime is None else self.runtime.stats()
+        """The engine's counters and, with the plan JIT on, the JIT's."""
+        if self.runtime is None:
+            return None
+        return {**self.runtime.stats(), **RuntimeBackend.of(self.runtime).jit_counters()}
 
 
 def server_state(request: Request) -> ServerState:

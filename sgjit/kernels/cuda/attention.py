@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sgjit.compiler.arch import DeviceProfile
-from sgjit.compiler.select import ModelShapes, decode_splits
 from sgjit.kernels import reference
+from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 from sgjit.kernels.registry import AttnTile
+from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
+from sgjit.kernels.spec import ModelShapes
 
 LOG2E = 1.0 / math.log(2.0)
 MERGE_BLOCK = 256

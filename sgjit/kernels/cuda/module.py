@@ -21,7 +21,7 @@ import torch
 
 from sgjit.errors import KernelError
 from sgjit.kernels.sources import family_source
-from sgjit.runtime.profiling import nvtx_range
+from sgjit.nvtx import nvtx_range
 from sgjit.settings import env
 
 log = logging.getLogger(__name__)

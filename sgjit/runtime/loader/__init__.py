@@ -11,7 +11,7 @@ from sgjit.runtime.loader.checkpoint import Checkpoint
 from sgjit.runtime.loader.gguf_loader import load_gguf
 from sgjit.runtime.loader.hf_loader import load_hf_dir
 from sgjit.runtime.loader.resolve import DEFAULT_MODEL, ModelSource, resolve_model
-from sgjit.runtime.model.shapes import RANDOM_PREFIX, random_weights, shape_config
+from sgjit.runtime.model.presets import RANDOM_PREFIX, random_weights, shape_config
 from sgjit.runtime.tokenizer.byte_level import byte_level_tokenizer
 
 

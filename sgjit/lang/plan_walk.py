@@ -1,6 +1,6 @@
-"""The plan executor: runs a `GraphPlan` with bound arguments by handing its nodes to program
-executors — the same executors an interpreted run feeds — so a traced and an interpreted run of one
-program take the same steps. Compiled plans (the JIT) replace this walk, not the executors."""
+"""Running a `GraphPlan` with bound arguments: its nodes are handed to program executors — the same
+executors an interpreted run feeds — so a traced and an interpreted run of one program take the same
+steps. A compiled plan changes how the executor tokenizes and admits its steps, not this walk."""
 
 from __future__ import annotations
 
@@ -9,22 +9,6 @@ from collections.abc import Mapping
 from sgjit.compiler.nodes import Arg, ConstText, Fork, Join, Node
 from sgjit.compiler.plan import GraphPlan
 from sgjit.lang.executor import ProgramExecutor
-
-
-def text_args(plan: GraphPlan) -> list[str]:
-    """The arguments whose values the plan inserts as text."""
-    names: dict[str, None] = {}
-    _collect_args(plan.nodes, names)
-    return list(names)
-
-
-def _collect_args(nodes: tuple[Node, ...], out: dict[str, None]) -> None:
-    for node in nodes:
-        if isinstance(node, Arg):
-            out[node.name] = None
-        elif isinstance(node, Fork):
-            for branch in node.branches:
-                _collect_args(branch, out)
 
 
 def run_plan(plan: GraphPlan, args: Mapping[str, str], root: ProgramExecutor) -> None:

@@ -10,7 +10,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -19,6 +18,7 @@ import tokenizers
 from sgjit.errors import InvalidRequestError, ProgramError, SgjitError
 from sgjit.lang.backend import GenOutput, ProgramSequence
 from sgjit.lang.state import ProgramState
+from sgjit.runtime.sampling_params import SamplingParams
 from sgjit.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -83,18 +83,18 @@ class RemoteSequence:
         self.endpoint = endpoint
 
     def prefill(self, input_ids: list[int]) -> None:
-        self.generate(input_ids, {"max_new_tokens": 0})
+        self.generate(input_ids, SamplingParams(max_new_tokens=0))
 
     def generate(
         self,
         input_ids: list[int],
-        sampling_params: dict[str, Any],
+        sampling_params: SamplingParams,
         *,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         on_text: Callable[[str], None] | None = None,
     ) -> GenOutput:
-        body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob,
+        body = {"input_ids": input_ids, "sampling_params": sampling_params.to_dict(), "return_logprob": return_logprob,
                 "top_logprobs_num": top_logprobs_num, "stream": on_text is not None}  # fmt: skip
         client = self.endpoint.http
         if on_text is None:
@@ -209,7 +209,7 @@ class RuntimeEndpoint:
     def run_plan(self, plan: GraphPlan, values: dict[str, str], defaults: RunDefaults) -> ProgramState:
         if plan.plan_hash not in self._registered:
             self.register_plan(plan)
-        body = {"args": values, "defaults": asdict(defaults)}
+        body = {"args": values, "defaults": defaults.to_dict()}
         resp = self.http.post(f"/plans/{plan.plan_hash}/run", json=body)
         if resp.status_code == 404:  # the server restarted or dropped it: register again, once
             self.register_plan(plan)

@@ -1,4 +1,4 @@
-"""`python -m sgjit.kernels.build --check`: compile every registered kernel instantiation with the
+"""`python -m sgjit.kernels.nvcc_check --check`: compile every registered kernel instantiation with the
 machine's nvcc for sm_80 and sm_90, so a template that no longer compiles fails CI without a GPU.
 Exit status 1 names each instantiation that failed; `--resources` prints ptxas's registers, spills
 and shared memory per kernel (the first thing to read when a kernel is slow)."""
@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sgjit.compiler.select import ModelShapes
 from sgjit.kernels.cuda.activation import silu_mul_name
 from sgjit.kernels.cuda.attention import attention_name, merge_name
 from sgjit.kernels.cuda.norm import norm_name
@@ -26,9 +25,13 @@ from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
 from sgjit.kernels.registry import CUDA, HALF_DTYPES, variant
 from sgjit.kernels.sources import family_source
-from sgjit.runtime.model.shapes import MODEL_SHAPES
+from sgjit.kernels.spec import ModelShapes
 
 ARCHS = ("sm_80", "sm_90")
+# (head_dim, query heads per KV head) and hidden widths instantiated by default: those of the model
+# presets (tests/kernels/test_nvcc_check.py keeps this in step with sgjit.runtime.model.presets).
+HEAD_DIM_GROUPS = ((64, 3), (128, 4), (128, 7))
+HIDDEN_WIDTHS = (64, 128, 576, 3584, 4096)
 
 
 def _shapes(dtype: str, kv: str, head_dim: int, group: int, page: int) -> ModelShapes:
@@ -41,7 +44,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
     product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from)."""
     dtypes = sorted(HALF_DTYPES)
     kvs = ("same", "fp8_e4m3")
-    dims_groups = sorted({(c.head_dim, c.num_heads // c.num_kv_heads) for c in MODEL_SHAPES.values()})
+    dims_groups = list(HEAD_DIM_GROUPS)
     tiles = variant("attention", CUDA).tunables
     decode, prefill = tiles["decode_tile"], tiles["prefill_tile"]
     pages = (16,)
@@ -56,7 +59,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         attn.add(merge_name(shapes))
     base = _shapes("bfloat16", "bfloat16", 128, 4, 16)
     attn |= {attention_name(base, t) for t in decode + prefill}
-    widths = sorted({c.hidden_size for c in MODEL_SHAPES.values()} | {64, 128})
+    widths = HIDDEN_WIDTHS
     kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]
     return {
         "norm": sorted({norm_name(dt, w, add) for dt in dtypes for w in widths for add in (False, True)}),
@@ -159,7 +162,9 @@ def check(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sgjit.kernels.build", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m sgjit.kernels.nvcc_check", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--check", action="store_true", help="compile every registered instantiation")
     ap.add_argument("--arch", nargs="+", default=list(ARCHS), help="targets (default sm_80 sm_90)")
     ap.add_argument("--full", action="store_true", help="the whole dtype x head_dim x group x page product")

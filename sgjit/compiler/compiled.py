@@ -16,7 +16,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sgjit.compiler.nodes import ConstText, Fork, Gen, Node, RoleBegin, RoleEnd, Select
+from sgjit.compiler.chat import STATIC_NODES
+from sgjit.compiler.nodes import Fork, Gen, Node, Select
 from sgjit.compiler.plan import GraphPlan
 from sgjit.compiler.prefix import PrefixTokens
 
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from sgjit.runtime.request import PrefixHandle
 
 log = logging.getLogger(__name__)
-
-STATIC_NODES = (ConstText, RoleBegin, RoleEnd)
 
 
 def leading_static_nodes(plan: GraphPlan) -> list[Node]:

@@ -4,13 +4,18 @@ A program's text only grows, but a chat template renders whole conversations. Th
 is therefore the template's own difference: render the messages so far, render them again with the
 new message holding a sentinel as its content, and the part before the sentinel (beyond the first
 rendering) opens the role, the part after it closes the role. Whatever the template adds once — a
-default system prompt when the program has none, a BOS token — lands in the first role's opening."""
+default system prompt when the program has none, a BOS token — lands in the first role's opening.
+
+`static_text` is the one rendering of the constant nodes (text and roles): the executor appends
+what it returns as a program runs, and the JIT renders a plan's constant prefix with it at compile
+time, so the two cannot drift."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sgjit.compiler.nodes import ConstText, Node, RoleBegin, RoleEnd
 from sgjit.errors import ProgramError
 
 _SENTINEL = "\x00sgjit-message-content\x00"
@@ -59,3 +64,26 @@ class ChatTranscript:
         return ChatTranscript(
             [dict(m) for m in self.messages], self.role, self.content_start, self.closing, self.used
         )
+
+
+STATIC_NODES = (ConstText, RoleBegin, RoleEnd)
+
+
+def static_text(
+    node: ConstText | RoleBegin | RoleEnd, chat: ChatTranscript, render: Render, text: str
+) -> str:
+    """The text a constant node appends to a program whose text so far is `text`."""
+    if isinstance(node, ConstText):
+        return node.text
+    if isinstance(node, RoleBegin):
+        return chat.begin(node.role, render, len(text))
+    return chat.end(text)
+
+
+def render_static(nodes: list[Node], render: Render) -> tuple[str, bool]:
+    """The text constant `nodes` render to from an empty program, and whether its tokenization adds
+    special tokens (not when it is chat-template text, which carries its own)."""
+    chat, text = ChatTranscript(), ""
+    for node in nodes:
+        text += static_text(node, chat, render, text)  # type: ignore[arg-type]
+    return text, not chat.used

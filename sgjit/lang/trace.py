@@ -19,11 +19,11 @@ from typing import Any, NoReturn
 
 import xxhash
 
-from sgjit.compiler.audit import CallAudit, is_program_code, location
 from sgjit.compiler.nodes import Arg, ConstText, Fork, Join, Node
 from sgjit.compiler.plan import GraphPlan
 from sgjit.compiler.plan_check import ProgramChecker
 from sgjit.errors import ProgramError, TraceError
+from sgjit.lang.audit import CallAudit, is_program_code, location
 from sgjit.lang.expr import Expr
 from sgjit.lang.scope import program_scope
 from sgjit.lang.state import ProgramState

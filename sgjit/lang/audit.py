@@ -21,7 +21,7 @@ _DSL_FILES = frozenset(
     os.path.join(_SGJIT_DIR, *f.split("/"))
     for f in (
         "lang/primitives.py", "lang/state.py", "lang/expr.py", "lang/function.py", "lang/choices.py",
-        "compiler/trace.py",
+        "lang/trace.py",
     )
 )  # fmt: skip
 _LIBRARY_DIRS = tuple(
