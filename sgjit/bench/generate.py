@@ -13,20 +13,18 @@ from typing import Any
 
 import torch
 
+from sgjit.bench import report
 from sgjit.bench.ceilings import measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
-from sgjit.bench.report import (
-    add_model_args,
-    add_output_args,
-    environment,
-    finish,
-    markdown_table,
-    model_arg,
-    profiled,
-)
+from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.timing import interleaved, synchronizer
 
 log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "engine", "prompt_tokens", "prefill_ms", "prefill_tok_s", "decode_tok_s", "decode_roofline_tok_s",
+    "decode_pct_of_roofline", "decode_vs_transformers", "prefill_vs_transformers",
+]  # fmt: skip
 
 PROMPT = (
     "You are a meticulous assistant. Summarise the following passage in three sentences.\n\n"
@@ -83,38 +81,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows[0]["decode_vs_transformers"] = rows[0]["decode_tok_s"] / rows[1]["decode_tok_s"]
         rows[0]["prefill_vs_transformers"] = rows[0]["prefill_tok_s"] / rows[1]["prefill_tok_s"]
     result = {
-        "benchmark": "generate",
-        "model": rt.model_config.name,
-        "device": str(rt.device),
-        "dtype": str(rt.dtype).removeprefix("torch."),
+        **report.header("generate", rt),
         "new_tokens": args.new_tokens,
         "weight_bytes": weight_bytes,
         "ceilings": ceilings.as_dict(),
-        "environment": environment(),
         "rows": rows,
     }
     print(
         f"ceilings: read {ceilings.read_gbps:.1f} GB/s, copy {ceilings.copy_gbps:.1f} GB/s on {ceilings.device}; "
         f"decode roofline {roof:.1f} tok/s ({weight_bytes / 1e6:.0f} MB of weights per token)"
     )
-    print(
-        markdown_table(
-            rows,
-            [
-                "engine",
-                "prompt_tokens",
-                "prefill_ms",
-                "prefill_tok_s",
-                "decode_tok_s",
-                "decode_roofline_tok_s",
-                "decode_pct_of_roofline",
-                "decode_vs_transformers",
-                "prefill_vs_transformers",
-            ],
-        )
-    )
-    finish(args, result)
-    return result
+    return finish(args, result, rows, COLUMNS)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import sgjit
-from sgjit.bench.report import add_model_args, add_output_args, environment, finish, markdown_table, model_arg
+from sgjit.bench.report import add_model_args, add_output_args, environment, finish, model_arg
 from sgjit.bench.timing import host_us_per_step
 from sgjit.lang.runtime_backend import RuntimeBackend
 
@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     result = {"benchmark": "jit", "device": str(on.device), "model": on.model_config.name,
               "environment": environment(), "rows": [row]}  # fmt: skip
-    print(markdown_table([row], list(row)))
-    finish(args, result)
-    return result
+    return finish(args, result, [row], list(row))
 
 
 if __name__ == "__main__":

@@ -14,21 +14,20 @@ from typing import Any
 
 import torch
 
+from sgjit.bench import report
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
-from sgjit.bench.report import (
-    add_model_args,
-    add_output_args,
-    environment,
-    finish,
-    markdown_table,
-    model_arg,
-    profiled,
-)
+from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "engine", "batch", "prefill_ms", "prefill_roofline_ms", "prefill_tok_s", "decode_tok_s_per_seq",
+    "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
+    "decode_vs_transformers", "prefill_vs_transformers",
+]  # fmt: skip
 ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
@@ -107,35 +106,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         for rt in runtimes.values():
             rt.shutdown()
-    result = {
-        "benchmark": "latency", "model": base.model_config.name, "device": str(base.device),
-        "dtype": str(base.dtype).removeprefix("torch."), "ceilings": ceilings.as_dict(),
-        "environment": environment(), "rows": rows,
-    }  # fmt: skip
+    result = {**report.header("latency", base), "ceilings": ceilings.as_dict(), "rows": rows}
     print(
         f"ceilings: {ceilings.bandwidth_gbps:.0f} GB/s, GEMM {ceilings.gemm_tflops or float('nan'):.0f} TFLOP/s on {ceilings.device}"
     )
-    print(
-        markdown_table(
-            rows,
-            [
-                "engine",
-                "batch",
-                "prefill_ms",
-                "prefill_roofline_ms",
-                "prefill_tok_s",
-                "decode_tok_s_per_seq",
-                "decode_tok_s_total",
-                "decode_roofline_tok_s_per_seq",
-                "decode_pct_of_roofline",
-                "host_us_per_step",
-                "decode_vs_transformers",
-                "prefill_vs_transformers",
-            ],
-        )
-    )
-    finish(args, result)
-    return result
+    return finish(args, result, rows, COLUMNS)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 import sgjit
-from sgjit.bench.report import add_model_args, add_output_args, environment, finish, markdown_table, model_arg
+from sgjit.bench.report import add_model_args, add_output_args, environment, finish, model_arg
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +143,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rt.shutdown()
     result = {"benchmark": "program", "model": any_rt.model_config.name, "device": str(any_rt.device),
               "prefix_tokens": args.prefix_tokens, "environment": environment(), "rows": rows}  # fmt: skip
-    print(
-        markdown_table(
-            rows, ["workload", "jit", "prefix_cache", "programs_s", "latency_ms_p50", "vs_no_prefix_cache"]
-        )
-    )
-    finish(args, result)
-    return result
+    columns = ["workload", "jit", "prefix_cache", "programs_s", "latency_ms_p50", "vs_no_prefix_cache"]
+    return finish(args, result, rows, columns)
 
 
 if __name__ == "__main__":

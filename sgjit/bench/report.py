@@ -23,6 +23,13 @@ def environment() -> dict[str, Any]:
     }
 
 
+def header(benchmark: str, rt: Any) -> dict[str, Any]:
+    """What every in-process benchmark's result starts with: its name, the model, device and dtype,
+    and the environment it ran in."""
+    return {"benchmark": benchmark, "model": rt.model_config.name, "device": str(rt.device),
+            "dtype": str(rt.dtype).removeprefix("torch."), "environment": environment()}  # fmt: skip
+
+
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, float):
@@ -55,7 +62,9 @@ def profiled(rt, out_dir: str | None, name: str):
     return rt.profile(out_dir, name) if out_dir else contextlib.nullcontext()
 
 
-def finish(args, result: dict[str, Any]) -> None:
+def finish(args, result: dict[str, Any], rows: list[dict[str, Any]], columns: list[str]) -> dict[str, Any]:
+    """Print `rows` as a markdown table of `columns`, write `--out` and `--plot`; returns the result."""
+    print(markdown_table(rows, columns))
     write_json(args.out, result)
     if getattr(args, "plot", None):
         from sgjit.bench.plot import plot_result
@@ -63,6 +72,7 @@ def finish(args, result: dict[str, Any]) -> None:
         path = plot_result(result, args.plot)
         if path is not None:
             print(f"chart: {path}")
+    return result
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -15,10 +15,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgjit.bench.report import add_output_args, environment, finish, markdown_table
+from sgjit.bench.report import add_output_args, environment, finish
 from sgjit.bench.timing import percentiles
 
 log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "requests", "completed", "errors", "max_concurrency", "output_tok_s", "decode_roofline_tok_s",
+    "pct_of_roofline", "roofline_with_prefill_tok_s", "pct_of_roofline_with_prefill", "ttft_p50_ms",
+    "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "e2e_p50_ms", "e2e_p99_ms",
+]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -186,32 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.num_prompts, args.input_len, args.output_len = 8, 16, 8
         args.max_concurrency = args.max_concurrency or 4
     result = asyncio.run(run(args))
-    row = result["rows"][0]
-    print(
-        markdown_table(
-            [row],
-            [
-                "requests",
-                "completed",
-                "errors",
-                "max_concurrency",
-                "output_tok_s",
-                "decode_roofline_tok_s",
-                "pct_of_roofline",
-                "roofline_with_prefill_tok_s",
-                "pct_of_roofline_with_prefill",
-                "ttft_p50_ms",
-                "ttft_p99_ms",
-                "tpot_p50_ms",
-                "tpot_p99_ms",
-                "itl_p50_ms",
-                "e2e_p50_ms",
-                "e2e_p99_ms",
-            ],
-        )
-    )
-    finish(args, result)
-    return result
+    return finish(args, result, result["rows"], COLUMNS)
 
 
 if __name__ == "__main__":

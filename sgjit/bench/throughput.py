@@ -12,16 +12,9 @@ from typing import Any
 
 import torch
 
+from sgjit.bench import report
 from sgjit.bench.ceilings import measure
-from sgjit.bench.report import (
-    add_model_args,
-    add_output_args,
-    environment,
-    finish,
-    markdown_table,
-    model_arg,
-    profiled,
-)
+from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
@@ -100,19 +93,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "decode_roofline_tok_s_at_concurrency": step_roof * args.max_concurrency,
     }
     result = {
-        "benchmark": "throughput",
-        "model": rt.model_config.name,
-        "device": str(rt.device),
-        "dtype": str(rt.dtype).removeprefix("torch."),
+        **report.header("throughput", rt),
         "jit": args.enable_jit,
         "ceilings": ceilings.as_dict(),
-        "environment": environment(),
         "rows": [row],
     }
     print(f"ceilings: read {ceilings.read_gbps:.1f} GB/s on {ceilings.device}")
-    print(markdown_table([row], list(row)))
-    finish(args, result)
-    return result
+    return finish(args, result, [row], list(row))
 
 
 if __name__ == "__main__":

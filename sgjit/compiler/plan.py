@@ -15,21 +15,8 @@ from typing import Any
 
 import xxhash
 
-from sgjit.compiler.nodes import (
-    Arg,
-    ConstText,
-    Fork,
-    Gen,
-    Join,
-    Node,
-    RoleBegin,
-    RoleEnd,
-    Select,
-    VarScopeBegin,
-    VarScopeEnd,
-    node_from_dict,
-    node_to_dict,
-)
+from sgjit.compiler import nodes as N
+from sgjit.compiler.nodes import Node, node_from_dict, node_to_dict
 from sgjit.compiler.plan_check import check_nodes
 from sgjit.errors import ProgramError
 
@@ -104,9 +91,9 @@ class GraphPlan:
 
 def _collect_args(nodes: tuple[Node, ...], out: dict[str, None]) -> None:
     for node in nodes:
-        if isinstance(node, Arg):
+        if isinstance(node, N.Arg):
             out[node.name] = None
-        elif isinstance(node, Fork):
+        elif isinstance(node, N.Fork):
             for branch in node.branches:
                 _collect_args(branch, out)
 
@@ -118,7 +105,7 @@ def _dump_nodes(
         name, params, tokens = _describe(node, encode)
         index = f"{prefix}{i}"
         out.append(f"{index:>6}  {node.kind:<16} {name or '-':<14} {params:<44} {tokens}".rstrip())
-        if isinstance(node, Fork):
+        if isinstance(node, N.Fork):
             for b, branch in enumerate(node.branches):
                 out.append(f"{'':>6}  branch {b}")
                 _dump_nodes(branch, f"{index}.{b}.", encode, out)
@@ -131,24 +118,24 @@ def _estimate(text: str, encode: Callable[[str], list[int]] | None) -> str:
 
 
 def _describe(node: Node, encode: Callable[[str], list[int]] | None) -> tuple[str | None, str, str]:
-    if isinstance(node, ConstText):
+    if isinstance(node, N.ConstText):
         preview = node.text if len(node.text) <= 40 else node.text[:37] + "..."
         return None, repr(preview), _estimate(node.text, encode)
-    if isinstance(node, Arg):
+    if isinstance(node, N.Arg):
         return node.name, "", "? tok"
-    if isinstance(node, (RoleBegin, RoleEnd)):
+    if isinstance(node, (N.RoleBegin, N.RoleEnd)):
         return node.role, "", "template"
-    if isinstance(node, Gen):
+    if isinstance(node, N.Gen):
         params = {k: v for k, v in node_to_dict(node).items() if k not in ("kind", "name")}
         limit = f"<={node.max_tokens} tok" if node.max_tokens is not None else "<=default tok"
         return node.name, " ".join(f"{k}={v!r}" for k, v in params.items()), limit
-    if isinstance(node, Select):
+    if isinstance(node, N.Select):
         params = f"choices={list(node.choices)!r} method={node.choices_method}"
         return node.name, params, _estimate(max(node.choices, key=len), encode)
-    if isinstance(node, (VarScopeBegin, VarScopeEnd)):
+    if isinstance(node, (N.VarScopeBegin, N.VarScopeEnd)):
         return node.name, "", ""
-    if isinstance(node, Fork):
+    if isinstance(node, N.Fork):
         return None, f"n={len(node.branches)}", ""
-    if isinstance(node, Join):
+    if isinstance(node, N.Join):
         return None, f"fork={node.fork} mode={node.mode}", ""
     raise ProgramError(f"unknown plan node {node!r}")

@@ -173,13 +173,6 @@ def sample(
 
 
 REFERENCE_OPS = OpTable(
-    rmsnorm=rmsnorm,
-    add_rmsnorm=add_rmsnorm,
-    rope_store_kv=rope_store_kv,
-    attention=attention,
-    silu_mul=silu_mul,
-    linear=linear,
-    prepare_weight=prepare_weight,
-    apply_bitmask=apply_bitmask,
-    sample=sample,
-)
+    rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rope_store_kv=rope_store_kv, attention=attention, silu_mul=silu_mul,
+    linear=linear, prepare_weight=prepare_weight, apply_bitmask=apply_bitmask, sample=sample,
+)  # fmt: skip

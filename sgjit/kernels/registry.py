@@ -133,6 +133,11 @@ def _reference(op: str) -> Variant:
     return Variant(op, REFERENCE, None, dtypes=None, kv_dtypes=None, doc="torch (reference.py)")
 
 
+def _sampling_op(op: str, doc: str) -> tuple[Variant, ...]:
+    """A sampling-family op: float32 logits whatever the model dtype, any KV dtype."""
+    return (Variant(op, CUDA, "sampling", (7, 0), dtypes=None, kv_dtypes=None, doc=doc), _reference(op))
+
+
 VARIANTS: dict[str, tuple[Variant, ...]] = {
     "rmsnorm": (
         Variant("rmsnorm", CUDA, "norm", (8, 0), doc="one pass, row in registers"),
@@ -168,30 +173,8 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     "silu_mul": (Variant("silu_mul", CUDA, "activation", (8, 0), doc="streaming"), _reference("silu_mul")),
     "linear": (_reference("linear"),),
     "prepare_weight": (_reference("prepare_weight"),),
-    "apply_bitmask": (
-        Variant(
-            "apply_bitmask",
-            CUDA,
-            "sampling",
-            (7, 0),
-            dtypes=None,
-            kv_dtypes=None,
-            doc="one pass over the logits, in place",
-        ),
-        _reference("apply_bitmask"),
-    ),
-    "sample": (
-        Variant(
-            "sample",
-            CUDA,
-            "sampling",
-            (7, 0),
-            dtypes=None,
-            kv_dtypes=None,
-            doc="radix-select thresholds + Philox exponential race, one block per row",
-        ),
-        _reference("sample"),
-    ),  # fmt: skip
+    "apply_bitmask": _sampling_op("apply_bitmask", "one pass over the logits, in place"),
+    "sample": _sampling_op("sample", "radix-select thresholds + Philox exponential race, one block per row"),
 }
 assert set(VARIANTS) == set(OpTable.names()), "every op needs its variants listed"
 

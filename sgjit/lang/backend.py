@@ -19,6 +19,16 @@ if TYPE_CHECKING:
     from sgjit.runtime.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True, slots=True)
+class GenStep:
+    """One gen's request: the prompt tokens, the sampling parameters, the logprobs to return."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
 @dataclass(slots=True)
 class GenOutput:
     text: str  # the generated text, stop string trimmed
@@ -32,16 +42,8 @@ class ProgramSequence(Protocol):
     def prefill(self, input_ids: list[int]) -> None:
         """Compute `input_ids` and keep them resident (before a fork or a select's choices)."""
 
-    def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: SamplingParams,
-        *,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        on_text: Callable[[str], None] | None = None,
-    ) -> GenOutput:
-        """Generate after `input_ids`; `on_text` gets each new piece of text as it is produced."""
+    def generate(self, step: GenStep, on_text: Callable[[str], None] | None = None) -> GenOutput:
+        """Run `step`; `on_text` gets each new piece of text as it is produced."""
 
     def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
         """Logprob of every token of `prompts[i][starts[i]:]` given what precedes it, all prompts in one

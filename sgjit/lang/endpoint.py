@@ -16,7 +16,7 @@ import httpx
 import tokenizers
 
 from sgjit.errors import InvalidRequestError, ProgramError, SgjitError
-from sgjit.lang.backend import GenOutput, ProgramSequence
+from sgjit.lang.backend import GenOutput, GenStep, ProgramSequence
 from sgjit.lang.state import ProgramState
 from sgjit.runtime.sampling_params import SamplingParams
 from sgjit.runtime.tokenizer import Tokenizer
@@ -83,19 +83,12 @@ class RemoteSequence:
         self.endpoint = endpoint
 
     def prefill(self, input_ids: list[int]) -> None:
-        self.generate(input_ids, SamplingParams(max_new_tokens=0))
+        self.generate(GenStep(input_ids, SamplingParams(max_new_tokens=0)))
 
-    def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: SamplingParams,
-        *,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        on_text: Callable[[str], None] | None = None,
-    ) -> GenOutput:
-        body = {"input_ids": input_ids, "sampling_params": sampling_params.to_dict(), "return_logprob": return_logprob,
-                "top_logprobs_num": top_logprobs_num, "stream": on_text is not None}  # fmt: skip
+    def generate(self, step: GenStep, on_text: Callable[[str], None] | None = None) -> GenOutput:
+        body = {"input_ids": step.input_ids, "sampling_params": step.params.to_dict(),
+                "return_logprob": step.return_logprob, "top_logprobs_num": step.top_logprobs_num,
+                "stream": on_text is not None}  # fmt: skip
         client = self.endpoint.http
         if on_text is None:
             resp = client.post("/generate", json=body)

@@ -22,7 +22,7 @@ from typing import Any
 from sgjit.compiler.chat import STATIC_NODES, ChatTranscript, static_text
 from sgjit.compiler.nodes import Gen, Node, Select, VarScopeBegin, VarScopeEnd
 from sgjit.errors import ProgramError
-from sgjit.lang.backend import Backend, ProgramSequence
+from sgjit.lang.backend import Backend, GenStep, ProgramSequence
 from sgjit.lang.choices import METHODS
 from sgjit.lang.defaults import RunDefaults
 from sgjit.lang.stream import EventLog
@@ -215,11 +215,7 @@ class ProgramExecutor:
         events = self.events
         on_text = None if events is None else (lambda piece: events.put(node.name, piece))
         out = self.sequence.generate(
-            self._encode(self.text),
-            params,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
-            on_text=on_text,
+            GenStep(self._encode(self.text), params, return_logprob, top_logprobs_num), on_text
         )
         self.text += out.text  # already streamed piece by piece
         self._set(node.name, out.text, out.meta_info)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sgjit.compiler.jit import PlanJit
 from sgjit.errors import ProgramError
-from sgjit.lang.backend import GenOutput, ProgramSequence
+from sgjit.lang.backend import GenOutput, GenStep, ProgramSequence
 from sgjit.runtime.request import PrefixHandle
 from sgjit.runtime.result import RequestUpdate
 from sgjit.runtime.runtime import Runtime
@@ -37,26 +37,13 @@ class RuntimeSequence:
         self._protected = protected  # a compiled plan's run: its steps are never preempted for others
 
     def prefill(self, input_ids: list[int]) -> None:
-        self.generate(input_ids, SamplingParams(max_new_tokens=0))
+        self.generate(GenStep(input_ids, SamplingParams(max_new_tokens=0)))
 
-    def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: SamplingParams,
-        *,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        on_text: Callable[[str], None] | None = None,
-    ) -> GenOutput:
+    def generate(self, step: GenStep, on_text: Callable[[str], None] | None = None) -> GenOutput:
         req = self._rt.make_request(
-            input_ids,
-            sampling_params,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
-            hold_prefix=True,
-            release_on_admit=self._handle,
-            protected=self._protected,
-        )
+            step.input_ids, step.params, return_logprob=step.return_logprob, top_logprobs_num=step.top_logprobs_num,
+            hold_prefix=True, release_on_admit=self._handle, protected=self._protected,
+        )  # fmt: skip
         updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
         self._rt.submit(req, updates.put)
         self._handle = None  # the engine releases it when the request is admitted (or fails)

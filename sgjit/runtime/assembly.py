@@ -45,6 +45,7 @@ class Assembly:
     max_model_len: int
     ops: OpTable
     kernel_set: KernelSet | None  # the selector's choices, when the CUDA kernels are on
+    model: LlamaModel
     grammars: GrammarCompiler
     parts: EngineParts
 
@@ -121,6 +122,6 @@ def assemble(cfg: RuntimeConfig) -> Assembly:
     )
     return Assembly(
         device=device, dtype=dtype, model_config=mc, model_path=ckpt.path, tokenizer=tokenizer, pool=pool,
-        max_model_len=max_model_len, ops=ops, kernel_set=kernel_set,
+        max_model_len=max_model_len, ops=ops, kernel_set=kernel_set, model=model,
         grammars=GrammarCompiler(tokenizer, mc.vocab_size, eos), parts=parts,
     )  # fmt: skip

@@ -62,7 +62,6 @@ class PagedKVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-        kv_scale: float = 1.0,
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
@@ -73,8 +72,9 @@ class PagedKVPool:
         make = torch.zeros if device.type == "cuda" else torch.empty
         self.k = make(shape, dtype=dtype, device=device)
         self.v = make(shape, dtype=dtype, device=device)
-        scale = kv_scale if dtype == torch.float8_e4m3fn else 1.0
-        self.layers = [LayerKV(self.k[i], self.v[i], scale, scale) for i in range(num_layers)]
+        # NOTE: fp8 pages are stored unscaled (scale 1.0); per-layer scales from a checkpoint are
+        # not read yet, and LayerKV carries the scale so the kernels are ready for them.
+        self.layers = [LayerKV(self.k[i], self.v[i], 1.0, 1.0) for i in range(num_layers)]
         self.allocator = PageAllocator(num_pages)
 
     @property

@@ -1,7 +1,7 @@
 """Radix prefix cache over token ids at page granularity: each node is one full page of tokens, so a
 node's key is that page's token tuple and its value the page id. The tree holds one page reference
-per node; a node is evictable when it is a leaf, not pinned, and nothing but the tree references its
-page (refcount 1). Only full pages are shared, and full pages are never written again, so sharing
+per node; a node is evictable when it is a leaf and nothing but the tree references its page
+(refcount 1: a running request, a held program prefix or a compiled plan holds another). Only full pages are shared, and full pages are never written again, so sharing
 needs no copy-on-write."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ class RadixNode:
     parent: RadixNode | None
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
     last_access: float = 0.0
-    pins: int = 0
 
 
 class RadixCache:
@@ -73,16 +72,8 @@ class RadixCache:
             node = child
         return path
 
-    def pin(self, nodes: list[RadixNode]) -> None:
-        for n in nodes:
-            n.pins += 1
-
-    def unpin(self, nodes: list[RadixNode]) -> None:
-        for n in nodes:
-            n.pins -= 1
-
     def _evictable(self, node: RadixNode) -> bool:
-        return not node.children and node.pins == 0 and self.allocator.refcount[node.page] == 1
+        return not node.children and self.allocator.refcount[node.page] == 1
 
     def evict(self, num_pages: int) -> int:
         """Free up to `num_pages` pages, least recently used leaves first. Returns pages freed."""
@@ -101,7 +92,7 @@ class RadixCache:
         return freed
 
     def flush(self) -> int:
-        """Drop every entry that is not pinned and not referenced elsewhere."""
+        """Drop every entry nothing but the tree references."""
         return self.evict(self.num_nodes)
 
     def _remove(self, node: RadixNode) -> None:
@@ -121,8 +112,7 @@ class RadixCache:
         return out
 
     def evictable_pages(self) -> int:
-        """Pages an eviction could free now: nodes whose whole subtree is unpinned and referenced
-        by the tree alone."""
+        """Pages an eviction could free now: nodes whose whole subtree is referenced by the tree alone."""
         order, stack = [], [self.root]
         while stack:  # iterative: a long sequence is a deep path
             n = stack.pop()
@@ -133,7 +123,7 @@ class RadixCache:
         for n in reversed(order):  # children before parents
             ok = all(free_subtree[id(c)] for c in n.children.values())
             if n is not self.root:
-                ok = ok and n.pins == 0 and self.allocator.refcount[n.page] == 1
+                ok = ok and self.allocator.refcount[n.page] == 1
                 count += int(ok)
             free_subtree[id(n)] = ok
         return count

@@ -22,6 +22,8 @@ def new_request_id() -> str:
 
 
 class Status(enum.Enum):
+    """Where a request is: queued, holding pages in the running batch, or done."""
+
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"

@@ -54,7 +54,7 @@ class Runtime:
             a.model_path,
         )
         self.tokenizer, self.pool, self.max_model_len = a.tokenizer, a.pool, a.max_model_len
-        self.ops, self.kernel_set, self.grammars = a.ops, a.kernel_set, a.grammars
+        self.ops, self.kernel_set, self.grammars, self.model = a.ops, a.kernel_set, a.grammars, a.model
         return a.parts
 
     # ----- requests -----

@@ -52,8 +52,17 @@ class ServerArgs:
 _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--model", "model", {"metavar": "PATH|NAME", "help": "bundled model name, .gguf file or Hugging Face "
      "directory (default: the bundled SmolLM2-135M-Instruct, smollm2-135m)"}),
-    ("--enable-jit", "enable_jit", {"action": "store_true", "help": "trace, compile and cache prompt "
-     "programs (plans) for this model and device"}),
+    ("--enable-jit", "enable_jit", {"action": "store_true", "help": "the whole JIT: compile and cache prompt "
+     "programs (plans) and, on a GPU, sgjit's CUDA kernels and CUDA-graph decode steps; each can be switched "
+     "on or off on its own with the three flags below"}),
+    ("--plan-jit", "plan_jit", {"action": argparse.BooleanOptionalAction, "help": "compile and cache prompt "
+     "programs (default: with --enable-jit)"}),
+    ("--cuda-kernels", "cuda_kernels", {"action": argparse.BooleanOptionalAction, "help": "GPU: sgjit's CUDA "
+     "kernels chosen by the kernel selector, else torch's ops (default: with --enable-jit)"}),
+    ("--cuda-graph", "cuda_graph", {"action": argparse.BooleanOptionalAction, "help": "GPU: decode steps "
+     "captured as CUDA graphs (default: with --enable-jit)"}),
+    ("--disable-cuda-graph", "cuda_graph", {"action": "store_false", "help": "SGLang's name for --no-cuda-graph"}),
+    ("--num-threads", "num_threads", {"type": int, "help": "CPU: intra-op threads (default: torch's choice)"}),
     ("--device", "device", {"help": "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N"}),
     ("--dtype", "dtype", {"help": "compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16"}),
     ("--mem-fraction-static", "mem_fraction_static", {"type": float, "help": "GPU: share of device memory "
@@ -116,7 +125,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _with_default(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
-    if kwargs.get("action") == "store_true" or default is None:
+    if kwargs.get("action") in ("store_true", "store_false") or default is None:
         return kwargs
     return {**kwargs, "help": f"{kwargs['help']} (default: %(default)s)"}
 

@@ -46,30 +46,21 @@ async def list_models(request: Request) -> ModelList:
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
-    model = _check_model(server_state(request), body)
-    job = await run_in_threadpool(chat_job, rt, body)
     return await _respond(
-        request,
-        body,
-        job,
-        lambda include_usage: ChatChunks(model, include_usage),
-        lambda results: chat_response(job, results, model, body.logprobs),
-    )
+        request, body, lambda: chat_job(rt, body), lambda job, model, usage: ChatChunks(model, usage),
+        lambda job, results, model: chat_response(job, results, model, body.logprobs),
+    )  # fmt: skip
 
 
 @router.post("/completions")
 async def completions(
     body: CompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
-    model = _check_model(server_state(request), body)
-    job = await run_in_threadpool(completion_job, rt, body)
     return await _respond(
-        request,
-        body,
-        job,
-        lambda include_usage: CompletionChunks(model, include_usage, len(job.reqs)),
-        lambda results: completion_response(job, results, model, body.logprobs is not None),
-    )
+        request, body, lambda: completion_job(rt, body),
+        lambda job, model, usage: CompletionChunks(model, usage, len(job.reqs)),
+        lambda job, results, model: completion_response(job, results, model, body.logprobs is not None),
+    )  # fmt: skip
 
 
 def _check_model(state: ServerState, body: OpenAISampling) -> str:
@@ -85,18 +76,22 @@ def _check_model(state: ServerState, body: OpenAISampling) -> str:
 async def _respond(
     request: Request,
     body: OpenAISampling,
-    job: Job,
-    stream_chunks: Callable[[bool], ChatChunks | CompletionChunks],
-    full_response: Callable[[list[GenerateResult]], BaseModel],
+    make_job: Callable[[], Job],
+    stream_chunks: Callable[[Job, str, bool], ChatChunks | CompletionChunks],
+    full_response: Callable[[Job, list[GenerateResult], str], BaseModel],
 ) -> Response:
+    """Check the model, build the job (on a worker thread: templating and tokenizing), then stream
+    the choices as OpenAI chunks or answer once all have finished."""
     state = server_state(request)
+    model = _check_model(state, body)
+    job = await run_in_threadpool(make_job)
     group = await _start(state, job, request)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(openai_events(group, job, stream_chunks(include_usage)), group)
+        return SSEResponse(openai_events(group, job, stream_chunks(job, model, include_usage)), group)
     async with group:
         results = await group.results(request)
-    return Response(full_response(results).model_dump_json(), media_type="application/json")
+    return Response(full_response(job, results, model).model_dump_json(), media_type="application/json")
 
 
 async def _start(state: ServerState, job: Job, request: Request) -> RequestGroup:

@@ -103,14 +103,10 @@ def chat_response(
     job: Job, results: list[GenerateResult], model: str, logprobs: bool
 ) -> ChatCompletionResponse:
     choices = [
-        ChatChoice(
-            index=i,
-            message=AssistantMessage(content=r.text),
-            logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None,
-            finish_reason=finish_reason(r),
-        )
+        ChatChoice(index=i, message=AssistantMessage(content=r.text), finish_reason=finish_reason(r),
+                   logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None)
         for i, r in enumerate(results)
-    ]
+    ]  # fmt: skip
     return ChatCompletionResponse(
         id=new_id("chatcmpl"), created=now(), model=model, choices=choices, usage=usage(job, results)
     )
@@ -120,14 +116,10 @@ def completion_response(
     job: Job, results: list[GenerateResult], model: str, logprobs: bool
 ) -> CompletionResponse:
     choices = [
-        CompletionChoice(
-            index=i,
-            text=r.text,
-            logprobs=completion_logprobs(*_result_logprobs(r), 0) if logprobs else None,
-            finish_reason=finish_reason(r),
-        )
+        CompletionChoice(index=i, text=r.text, finish_reason=finish_reason(r),
+                         logprobs=completion_logprobs(*_result_logprobs(r), 0) if logprobs else None)
         for i, r in enumerate(results)
-    ]
+    ]  # fmt: skip
     return CompletionResponse(
         id=new_id("cmpl"), created=now(), model=model, choices=choices, usage=usage(job, results)
     )

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 
 class Phase(enum.Enum):
+    """The server's life: loading the model (503), serving, or draining after SIGTERM (503)."""
+
     STARTING = "starting"
     READY = "ready"
     DRAINING = "draining"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from sgjit.kernels import reference
 from sgjit.kernels.cuda.module import compile_kernels, launch, ptr
@@ -34,14 +35,8 @@ class RopeStoreKV:
         self.kernel = compile_kernels("rope", [name])[name]
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv: LayerKV,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor:
+        self, q: Tensor, k: Tensor, v: Tensor, cos_sin: Tensor, kv: LayerKV, slot_mapping: Tensor
+    ) -> Tensor:
         n, hq, d = q.shape
         if q.dtype != self.dtype or d != self.head_dim or cos_sin.shape[-1] != self.rope_dim or n == 0:
             return reference.rope_store_kv(q, k, v, cos_sin, kv, slot_mapping)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,4 +19,3 @@ class Checkpoint:
     path: Path
     format: str  # "gguf" | "hf"
     rope_freq_factors: torch.Tensor | None = None
-    generation_defaults: dict = field(default_factory=dict)

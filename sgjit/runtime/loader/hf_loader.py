@@ -52,12 +52,4 @@ def load_hf_dir(path: Path, name: str = "") -> Checkpoint:
             weights.update(load_file(str(f)))
         except (SafetensorError, OSError) as e:
             raise ModelFormatError(f"cannot read weights {f}: {e}") from e
-    defaults = {k: gen[k] for k in ("temperature", "top_p", "top_k") if k in gen}
-    return Checkpoint(
-        config=config,
-        weights=weights,
-        tokenizer=tokenizer,
-        path=path,
-        format="hf",
-        generation_defaults=defaults,
-    )
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, path=path, format="hf")

@@ -24,7 +24,7 @@ from sgjit.cli import main as cli_main
 from conftest import assert_no_leaked_pages
 from server_harness import LiveServer, wait_idle
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FLAGS = [
     "--model", "--enable-jit", "--host", "--port", "--device", "--dtype", "--tp", "--mem-fraction-static",
     "--max-model-len", "--max-running-requests", "--chunked-prefill-size", "--jit-cache-limit",

@@ -19,7 +19,7 @@ from sgjit.compiler.nodes import Arg, ConstText, Fork, Gen, Join, RoleBegin, Sel
 from sgjit.compiler.plan import GraphPlan
 from sgjit.errors import ProgramError, TraceError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @sgl.function

@@ -23,7 +23,7 @@ from sgjit.kernels.spec import ModelShapes
 from sgjit.runtime.model.presets import shape_config
 
 H200 = DeviceProfile.from_dict(
-    json.loads((Path(__file__).parent / "data" / "device_profiles.json").read_text())["H200"]
+    json.loads((Path(__file__).parents[1] / "data" / "device_profiles.json").read_text())["H200"]
 )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import assert_no_leaked_pages
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load(name: str):

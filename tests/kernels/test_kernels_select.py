@@ -19,7 +19,7 @@ from sgjit.runtime.model.presets import shape_config
 
 PROFILES = {
     k: DeviceProfile.from_dict(v)
-    for k, v in json.loads((Path(__file__).parent / "data" / "device_profiles.json").read_text()).items()
+    for k, v in json.loads((Path(__file__).parents[1] / "data" / "device_profiles.json").read_text()).items()
     if not k.startswith("_")
 }
 KERNEL_OPS = ("rmsnorm", "add_rmsnorm", "rope_store_kv", "attention", "silu_mul", "apply_bitmask", "sample")
