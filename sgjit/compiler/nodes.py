@@ -78,6 +78,8 @@ class Gen:
     sampling: tuple[tuple[str, Any], ...] = ()
     return_logprob: bool | None = None
     top_logprobs_num: int | None = None
+    logprob_start_len: int | None = None
+    return_text_in_logprobs: bool | None = None
 
     @classmethod
     def of(
@@ -86,6 +88,8 @@ class Gen:
         *,
         return_logprob: bool | None = None,
         top_logprobs_num: int | None = None,
+        logprob_start_len: int | None = None,
+        return_text_in_logprobs: bool | None = None,
         **params: Any,
     ) -> Gen:
         """A gen from gen()'s keywords, validated as the engine will read them."""
@@ -98,7 +102,9 @@ class Gen:
             dsl = {v: k for k, v in GEN_KEYS.items()}.get(e.param or "", e.param)
             raise ProgramError(f"gen({name!r}): invalid {dsl}: {e}") from e
         sampling = tuple(sorted((key, _frozen(getattr(sp, key))) for key in given))
-        return cls(name, sampling, return_logprob, top_logprobs_num)
+        return cls(
+            name, sampling, return_logprob, top_logprobs_num, logprob_start_len, return_text_in_logprobs
+        )
 
     def __post_init__(self) -> None:
         _check_name(self.name, "gen")
@@ -106,10 +112,15 @@ class Gen:
             self.return_logprob is None or isinstance(self.return_logprob, bool),
             f"gen({self.name!r}): return_logprob must be True or False",
         )
-        n = self.top_logprobs_num
+        for f, low in (("top_logprobs_num", 0), ("logprob_start_len", -1)):
+            n = getattr(self, f)
+            _need(
+                n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= low),
+                f"gen({self.name!r}): {f} must be an integer >= {low}",
+            )
         _need(
-            n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0),
-            f"gen({self.name!r}): top_logprobs_num must be an integer >= 0",
+            self.return_text_in_logprobs is None or isinstance(self.return_text_in_logprobs, bool),
+            f"gen({self.name!r}): return_text_in_logprobs must be True or False",
         )
 
     def __getattr__(self, attr: str) -> Any:
@@ -127,7 +138,7 @@ class Gen:
         by_key = {v: k for k, v in GEN_KEYS.items()}
         out: dict[str, Any] = {"name": self.name} if self.name is not None else {}
         out.update((by_key[key], value) for key, value in self.sampling)
-        for f in ("return_logprob", "top_logprobs_num"):
+        for f in ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs"):
             if getattr(self, f) is not None:
                 out[f] = getattr(self, f)
         return out

@@ -1,5 +1,6 @@
 """The prompt-program language: `function`, `gen`, `select`, roles, program states, backends."""
 
+from sgjit.lang.backend_calls import clear_jit_cache, flush_cache, get_server_info
 from sgjit.lang.choices import (
     ChoicesMethod,
     greedy_token_selection,
@@ -7,7 +8,9 @@ from sgjit.lang.choices import (
     unconditional_likelihood_normalized,
 )
 from sgjit.lang.default_backend import get_default_backend, set_default_backend
+from sgjit.lang.endpoint import RuntimeEndpoint
 from sgjit.lang.function import Function, function
+from sgjit.lang.global_config import global_config
 from sgjit.lang.primitives import (
     assistant,
     assistant_begin,
@@ -15,6 +18,7 @@ from sgjit.lang.primitives import (
     gen,
     gen_int,
     gen_string,
+    image,
     select,
     system,
     system_begin,
@@ -22,6 +26,7 @@ from sgjit.lang.primitives import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from sgjit.lang.reload import reload_function
 from sgjit.lang.state import ProgramState, ProgramStateGroup
@@ -31,15 +36,21 @@ __all__ = [
     "Function",
     "ProgramState",
     "ProgramStateGroup",
+    "RuntimeEndpoint",
     "assistant",
     "assistant_begin",
     "assistant_end",
+    "clear_jit_cache",
+    "flush_cache",
     "function",
     "gen",
     "gen_int",
     "gen_string",
     "get_default_backend",
+    "get_server_info",
+    "global_config",
     "greedy_token_selection",
+    "image",
     "reload_function",
     "select",
     "set_default_backend",
@@ -51,4 +62,5 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]

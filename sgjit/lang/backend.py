@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from sgjit.compiler.plan import GraphPlan
     from sgjit.lang.function import Function
-    from sgjit.runtime.sampling_params import SamplingParams
+    from sgjit.runtime.result import LogprobEntry
+from sgjit.runtime.sampling_params import SamplingParams
+
+# called with each new piece of a gen's text and SGLang's meta info of the chunk
+OnText = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,12 @@ class GenStep:
     params: SamplingParams
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+
+    def logprob_options(self) -> dict[str, Any]:
+        return {"return_logprob": self.return_logprob, "top_logprobs_num": self.top_logprobs_num,
+                "logprob_start_len": self.logprob_start_len, "return_text_in_logprobs": self.return_text_in_logprobs}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -42,12 +52,13 @@ class ProgramSequence(Protocol):
     def prefill(self, input_ids: list[int]) -> None:
         """Compute `input_ids` and keep them resident (before a fork or a select's choices)."""
 
-    def generate(self, step: GenStep, on_text: Callable[[str], None] | None = None) -> GenOutput:
-        """Run `step`; `on_text` gets each new piece of text as it is produced."""
+    def generate(self, step: GenStep, on_text: OnText | None = None) -> GenOutput:
+        """Run `step`; `on_text` gets each new piece of text, with the chunk's meta info, as it is
+        produced."""
 
-    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
-        """Logprob of every token of `prompts[i][starts[i]:]` given what precedes it, all prompts in one
-        batched forward (they share the resident prefix). Each start is >= 1."""
+    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[LogprobEntry]]:
+        """(logprob, token id, None) of every token of `prompts[i][starts[i]:]` given what precedes
+        it, all prompts in one batched forward (they share the resident prefix). Each start is >= 1."""
 
     def fork(self) -> ProgramSequence:
         """A sequence continuing from this one's resident prefix, sharing its KV pages."""
@@ -81,3 +92,9 @@ class Backend(Protocol):
 
     def clear_jit_cache(self) -> int:
         """Drop every compiled plan; returns how many."""
+
+    def flush_cache(self) -> int:
+        """Drop every prefix-cache entry no running request uses; returns the pages freed."""
+
+    def get_server_info(self) -> dict[str, Any]:
+        """The model, settings and counters of what runs the programs."""

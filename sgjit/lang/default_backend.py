@@ -35,6 +35,11 @@ def get_default_backend() -> Backend | None:
     return _default
 
 
+def default_backend_as_given() -> Any:
+    """The default backend as it was passed to `set_default_backend` (a `Runtime` stays one)."""
+    return _default_owner
+
+
 def resolve_backend(backend: Any = None) -> Backend:
     if backend is not None:
         return as_backend(backend)

@@ -9,9 +9,13 @@ from typing import Any
 
 from sgjit.compiler.nodes import Gen
 from sgjit.errors import InvalidRequestError, ProgramError
+from sgjit.lang.backend import GenStep
 from sgjit.runtime.sampling_params import RUN_KEYS, SamplingParams
 
-LOGPROB_KEYS = ("return_logprob", "top_logprobs_num")
+LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs")
+# run() keywords SGLang takes that change nothing here: every program already runs its steps on a
+# worker thread of its own (use_thread), and n > 1 is refused (a program draws one sample a gen).
+ACCEPTED_KEYS = ("use_thread", "n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,10 +23,12 @@ class RunDefaults:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return (*RUN_KEYS, *LOGPROB_KEYS)
+        return (*RUN_KEYS, *LOGPROB_KEYS, *ACCEPTED_KEYS)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunDefaults:
@@ -32,13 +38,24 @@ class RunDefaults:
             params = SamplingParams.from_dict(sampling)
         except InvalidRequestError as e:
             raise ProgramError(f"run default {e.param}={values.get(e.param or '')!r} is invalid: {e}") from e
-        return_logprob = values.get("return_logprob", False)
-        top = values.get("top_logprobs_num", 0)
-        if not isinstance(return_logprob, bool):
-            raise ProgramError(f"run default return_logprob must be True or False, got {return_logprob!r}")
-        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-            raise ProgramError(f"run default top_logprobs_num must be an integer >= 0, got {top!r}")
-        return cls(params, return_logprob, top)
+        if values.get("n") not in (None, 1):
+            raise ProgramError(
+                f"run(n={values['n']!r}): a program runs once a call; use run_batch or s.fork(n)"
+            )
+        given = {k: values[k] for k in LOGPROB_KEYS if values.get(k) is not None}
+        try:
+            out = cls(params, **given)
+        except TypeError as e:
+            raise ProgramError(f"invalid run defaults: {e}") from e
+        if not isinstance(out.return_logprob, bool) or not isinstance(out.return_text_in_logprobs, bool):
+            raise ProgramError(
+                "run defaults return_logprob and return_text_in_logprobs must be True or False"
+            )
+        for f, low in (("top_logprobs_num", 0), ("logprob_start_len", -1)):
+            v = getattr(out, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ProgramError(f"run default {f} must be an integer >= {low}, got {v!r}")
+        return out
 
     @classmethod
     def split(cls, kwargs: dict[str, Any]) -> tuple[RunDefaults, dict[str, Any]]:
@@ -50,12 +67,15 @@ class RunDefaults:
     def to_dict(self) -> dict[str, Any]:
         """The wire form (what `from_dict` reads back)."""
         sampling = self.sampling.to_dict()
-        return {**{k: v for k, v in sampling.items() if k in RUN_KEYS}, "return_logprob": self.return_logprob,
-                "top_logprobs_num": self.top_logprobs_num}  # fmt: skip
+        return {
+            **{k: v for k, v in sampling.items() if k in RUN_KEYS},
+            **{k: getattr(self, k) for k in LOGPROB_KEYS},
+        }
 
-    def request_for(self, node: Gen) -> tuple[SamplingParams, bool, int]:
-        """(sampling params, return_logprob, top_logprobs_num) of one gen under these defaults."""
+    def step_for(self, node: Gen, input_ids: list[int]) -> GenStep:
+        """The request of one gen under these defaults, after `input_ids`."""
         params = replace(self.sampling, **node.sampling_overrides()) if node.sampling else self.sampling
-        return_logprob = self.return_logprob if node.return_logprob is None else node.return_logprob
-        top = self.top_logprobs_num if node.top_logprobs_num is None else node.top_logprobs_num
-        return params, return_logprob, top
+        logprobs = {
+            k: getattr(self, k) if getattr(node, k) is None else getattr(node, k) for k in LOGPROB_KEYS
+        }
+        return GenStep(input_ids, params, **logprobs)

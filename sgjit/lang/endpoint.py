@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +15,9 @@ import httpx
 import tokenizers
 
 from sgjit.errors import InvalidRequestError, ProgramError, SgjitError
-from sgjit.lang.backend import GenOutput, GenStep, ProgramSequence
+from sgjit.lang.backend import GenOutput, GenStep, OnText, ProgramSequence
 from sgjit.lang.state import ProgramState
+from sgjit.runtime.result import LogprobEntry
 from sgjit.runtime.sampling_params import SamplingParams
 from sgjit.runtime.tokenizer import Tokenizer
 
@@ -67,6 +67,9 @@ class FinishedProgram:
     def read_variables(self) -> dict[str, Any]:
         return dict(self.result["variables"])
 
+    def write_var(self, name: str, value: Any) -> None:
+        self.result["variables"][name] = value
+
     def sync(self) -> None:
         pass
 
@@ -85,9 +88,8 @@ class RemoteSequence:
     def prefill(self, input_ids: list[int]) -> None:
         self.generate(GenStep(input_ids, SamplingParams(max_new_tokens=0)))
 
-    def generate(self, step: GenStep, on_text: Callable[[str], None] | None = None) -> GenOutput:
-        body = {"input_ids": step.input_ids, "sampling_params": step.params.to_dict(),
-                "return_logprob": step.return_logprob, "top_logprobs_num": step.top_logprobs_num,
+    def generate(self, step: GenStep, on_text: OnText | None = None) -> GenOutput:
+        body = {"input_ids": step.input_ids, "sampling_params": step.params.to_dict(), **step.logprob_options(),
                 "stream": on_text is not None}  # fmt: skip
         client = self.endpoint.http
         if on_text is None:
@@ -107,22 +109,30 @@ class RemoteSequence:
                 if "error" in chunk:
                     raise SgjitError(f"server stream failed: {chunk['error'].get('message')}")
                 text = chunk["text"]  # cumulative, as SGLang streams it
+                meta = chunk.get("meta_info", {})
                 if len(text) > len(sent):
-                    on_text(text[len(sent) :])
+                    on_text(text[len(sent) :], meta)
                     sent = text
+                if last is not None and "output_token_logprobs" in meta:  # streamed incrementally
+                    meta["output_token_logprobs"] = (
+                        last["meta_info"]["output_token_logprobs"] + meta["output_token_logprobs"]
+                    )
+                    meta["output_top_logprobs"] = (
+                        last["meta_info"]["output_top_logprobs"] + meta["output_top_logprobs"]
+                    )
                 last = chunk
         if last is None:
             raise SgjitError("the server closed the stream without a result")
         return GenOutput(last["text"], last.get("meta_info", {}))
 
-    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
-        def one(args: tuple[list[int], int]) -> list[float]:
+    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[LogprobEntry]]:
+        def one(args: tuple[list[int], int]) -> list[LogprobEntry]:
             ids, start = args
             resp = self.endpoint.http.post("/generate", json={
                 "input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
                 "logprob_start_len": start})  # fmt: skip
             _raise_for(resp)
-            return [e[0] for e in resp.json()["meta_info"]["input_token_logprobs"]]
+            return [tuple(e) for e in resp.json()["meta_info"]["input_token_logprobs"]]
 
         with ThreadPoolExecutor(max(1, len(prompts))) as pool:  # concurrent: the server batches them
             return list(pool.map(one, zip(prompts, starts)))
@@ -190,6 +200,16 @@ class RuntimeEndpoint:
         resp = self.http.post("/jit/clear")
         _raise_for(resp)
         return int(resp.json()["cleared"])
+
+    def flush_cache(self) -> int:
+        resp = self.http.post("/flush_cache")
+        _raise_for(resp)
+        return int(resp.json().get("pages_freed", 0))
+
+    def get_server_info(self) -> dict[str, Any]:
+        resp = self.http.get("/get_server_info")
+        _raise_for(resp)
+        return resp.json()
 
     # ----- plans run on the server -----
     def register_plan(self, plan: GraphPlan) -> dict[str, Any]:

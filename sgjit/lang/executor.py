@@ -22,7 +22,7 @@ from typing import Any
 from sgjit.compiler.chat import STATIC_NODES, ChatTranscript, static_text
 from sgjit.compiler.nodes import Gen, Node, Select, VarScopeBegin, VarScopeEnd
 from sgjit.errors import ProgramError
-from sgjit.lang.backend import Backend, GenStep, ProgramSequence
+from sgjit.lang.backend import Backend, ProgramSequence
 from sgjit.lang.choices import METHODS
 from sgjit.lang.defaults import RunDefaults
 from sgjit.lang.stream import EventLog
@@ -131,6 +131,11 @@ class ProgramExecutor:
         self.sync()
         return dict(self.variables)
 
+    def write_var(self, name: str, value: Any) -> None:
+        self.sync()
+        self.variables[name] = value
+        self.meta_info.setdefault(name, None)
+
     def read_text(self) -> str:
         self.sync()
         return self.text
@@ -211,12 +216,9 @@ class ProgramExecutor:
         return self.backend.encode(text, add_special_tokens=add_special)
 
     def _gen(self, node: Gen) -> None:
-        params, return_logprob, top_logprobs_num = self.defaults.request_for(node)
         events = self.events
-        on_text = None if events is None else (lambda piece: events.put(node.name, piece))
-        out = self.sequence.generate(
-            GenStep(self._encode(self.text), params, return_logprob, top_logprobs_num), on_text
-        )
+        on_text = None if events is None else (lambda piece, meta: events.put(node.name, piece, meta))
+        out = self.sequence.generate(self.defaults.step_for(node, self._encode(self.text)), on_text)
         self.text += out.text  # already streamed piece by piece
         self._set(node.name, out.text, out.meta_info)
 
@@ -229,12 +231,15 @@ class ProgramExecutor:
         # A choice may merge with the prefix's last tokens; score from where its tokens part ways.
         starts = [max(1, _common_prefix(prefix, ids)) for ids in prompts]
         self.sequence.prefill(prefix)
-        logprobs = self.sequence.score(prompts, starts)
+        entries = self.sequence.score(prompts, starts)
+        logprobs = [[e[0] for e in es] for es in entries]
         unconditional = None
         if method.needs_unconditional:
             context = self.backend.unconditional_prefix()
             tails = [context + ids[s:] for ids, s in zip(prompts, starts)]
-            unconditional = self.sequence.score(tails, [len(context)] * len(tails))
+            unconditional = [
+                [e[0] for e in es] for es in self.sequence.score(tails, [len(context)] * len(tails))
+            ]
         best, scores = method.decide(logprobs, unconditional, node.temperature)
         meta: dict[str, Any] = {
             "choices": list(node.choices),
@@ -242,6 +247,10 @@ class ProgramExecutor:
             "scores": scores,
             "token_logprobs": logprobs,
             "choices_method": method.name,
+            # SGLang's keys: each choice's mean logprob, its token entries, and no output tokens
+            "normalized_prompt_logprobs": [sum(lp) / len(lp) for lp in logprobs],
+            "input_token_logprobs": entries,
+            "output_token_logprobs": [[] for _ in entries],
         }
         if unconditional is not None:
             meta["unconditional_token_logprobs"] = unconditional

@@ -183,12 +183,27 @@ class Function:
         return start_run(backend, defaults, stream, body=body, name=self.name)
 
 
-def function(func: Callable[..., Any] | None = None, *, jit: bool | None = None, **unknown: Any) -> Any:
-    """Decorate a prompt program (`@sgjit.function` or `@sgjit.function(jit=True)`)."""
+def function(
+    func: Callable[..., Any] | None = None,
+    *,
+    jit: bool | None = None,
+    num_api_spec_tokens: int | None = None,
+    **unknown: Any,
+) -> Any:
+    """Decorate a prompt program (`@sgjit.function` or `@sgjit.function(jit=True)`).
+    `num_api_spec_tokens` is SGLang's speculative-execution budget for API backends that take one
+    call per program (OpenAI-style); sgjit's backends run each gen on a resident sequence, so it is
+    accepted and changes nothing."""
     if unknown:
         raise ProgramError(
-            f"sgjit.function() got unknown keyword argument(s) {sorted(unknown)}; it takes jit"
+            f"sgjit.function() got unknown keyword argument(s) {sorted(unknown)}; it takes jit and num_api_spec_tokens"
         )
+    if num_api_spec_tokens is not None and (
+        isinstance(num_api_spec_tokens, bool)
+        or not isinstance(num_api_spec_tokens, int)
+        or num_api_spec_tokens < 0
+    ):
+        raise ProgramError(f"num_api_spec_tokens must be an integer >= 0, got {num_api_spec_tokens!r}")
     if func is None:
         return lambda f: Function(f, jit=jit)
     if not callable(func):

@@ -11,13 +11,17 @@ from sgjit.lang.choices import ChoicesMethod, token_length_normalized
 from sgjit.lang.expr import Expr, as_nodes, plain
 from sgjit.lang.scope import require_program
 
-# dtype= maps to these regexes (the value stays text in the state, as the model wrote it).
+# dtype= maps to SGLang's regexes and stops (the value stays text in the state, as the model wrote
+# it, the stop trimmed). Numbers are bounded to 19 digits: a small model asked for an int may
+# otherwise write digits until max_tokens.
 DTYPE_REGEX: dict[type, str] = {
-    int: r"[-+]?[0-9]+",
-    float: r"[-+]?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?",
+    int: r"[-+]?[0-9]{1,19}[ \n]*",
+    float: r"[-+]?[0-9]{0,19}\.?[0-9]{1,19}[ \n]*",
     bool: r"(True|False)",
-    str: r'"([^"\\\n]|\\.)*"',
+    str: r'"[\w\d\s]*"',
 }
+DTYPE_STOP: dict[type, tuple[str, ...]] = {int: (" ", "\n"), float: (" ", "\n")}
+_DTYPE_NAMES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
 
 
 def _reject_unknown(primitive: str, unknown: dict[str, Any], known: list[str]) -> None:
@@ -28,9 +32,10 @@ def _reject_unknown(primitive: str, unknown: dict[str, Any], known: list[str]) -
 
 
 _GEN_KEYWORDS = [
-    "name", "max_tokens", "min_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "top_logprobs_num", "regex",
-    "json_schema", "choices", "choices_method", "dtype",
+    "name", "max_tokens", "min_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
+    "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
+    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "dtype", "choices", "choices_method",
+    "regex", "json_schema",
 ]  # fmt: skip
 
 
@@ -38,8 +43,10 @@ def gen(
     name: str | None = None,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -48,23 +55,31 @@ def gen(
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
-    regex: str | None = None,
-    json_schema: str | dict[str, Any] | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
     choices: list[str] | None = None,
     choices_method: ChoicesMethod | str | None = None,
-    dtype: type | None = None,
+    regex: str | None = None,
+    json_schema: str | dict[str, Any] | None = None,
     **unknown: Any,
 ) -> Expr:
-    """Generate text into variable `name`. A parameter left None takes the run's default; `choices`
-    makes it a `select`; `dtype` (int, float, bool, str) constrains it with a regex."""
+    """Generate text into variable `name` (parameters in SGLang's order). A parameter left None
+    takes the run's default; `choices` makes it a `select`; `dtype` (int, float, bool, str, or
+    their names) constrains it with SGLang's regex for the type."""
     require_program("gen")
     _reject_unknown("gen", unknown, _GEN_KEYWORDS)
+    if n not in (None, 1):
+        raise ProgramError(
+            f"gen({name!r}, n={n!r}): a program gen draws one sample; use s.fork(n) for several"
+        )
     params = {
         "max_tokens": max_tokens, "min_tokens": min_tokens, "stop": stop, "stop_token_ids": stop_token_ids,
-        "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+        "stop_regex": stop_regex, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
         "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
-        "ignore_eos": ignore_eos, "return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num,
+        "ignore_eos": ignore_eos, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs,
         "regex": regex, "json_schema": json_schema,
     }  # fmt: skip
     plain(name, "the gen name")
@@ -81,11 +96,15 @@ def gen(
     if choices_method is not None:
         raise ProgramError(f"gen({name!r}): choices_method applies only with choices=[...]")
     if dtype is not None:
+        kind = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         if regex is not None:
             raise ProgramError(f"gen({name!r}): give dtype or regex, not both")
-        if dtype not in DTYPE_REGEX:
+        if kind not in DTYPE_REGEX:
             raise ProgramError(f"gen({name!r}): dtype must be int, float, bool or str, got {dtype!r}")
-        params["regex"] = DTYPE_REGEX[dtype]
+        params["regex"] = DTYPE_REGEX[kind]
+        if kind in DTYPE_STOP:
+            given = [stop] if isinstance(stop, str) else list(stop or [])
+            params["stop"] = [*given, *(s for s in DTYPE_STOP[kind] if s not in given)]
     return Expr((Gen.of(name, **params),))
 
 
@@ -160,3 +179,20 @@ def assistant_begin() -> Expr:
 
 def assistant_end() -> Expr:
     return Expr((RoleEnd("assistant"),))
+
+
+def image(expr: Any) -> Expr:
+    """SGLang's image input. sgjit serves text-only models, so a program that uses one fails here
+    with a message rather than sending the model text that never shows it the image."""
+    raise ProgramError(
+        "sgjit.image(): this runtime serves text-only models (Llama-family decoders), which cannot see "
+        "images; describe the image in text, or run the program on a vision-language model server"
+    )
+
+
+def video(path: str, num_frames: int) -> Expr:
+    """SGLang's video input; text-only models here, so it fails the way `image` does."""
+    raise ProgramError(
+        "sgjit.video(): this runtime serves text-only models, which cannot see video frames; describe "
+        "the video in text, or run the program on a vision-language model server"
+    )

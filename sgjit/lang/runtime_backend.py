@@ -11,14 +11,15 @@ import logging
 import queue
 import threading
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from sgjit.compiler.jit import PlanJit
 from sgjit.errors import ProgramError
-from sgjit.lang.backend import GenOutput, GenStep, ProgramSequence
+from sgjit.lang.backend import GenOutput, GenStep, OnText, ProgramSequence
+from sgjit.runtime.output import stream_meta_info
 from sgjit.runtime.request import PrefixHandle
-from sgjit.runtime.result import RequestUpdate
+from sgjit.runtime.result import LogprobEntry, RequestUpdate
 from sgjit.runtime.runtime import Runtime
 from sgjit.runtime.sampling_params import SamplingParams
 
@@ -39,18 +40,21 @@ class RuntimeSequence:
     def prefill(self, input_ids: list[int]) -> None:
         self.generate(GenStep(input_ids, SamplingParams(max_new_tokens=0)))
 
-    def generate(self, step: GenStep, on_text: Callable[[str], None] | None = None) -> GenOutput:
+    def generate(self, step: GenStep, on_text: OnText | None = None) -> GenOutput:
         req = self._rt.make_request(
-            step.input_ids, step.params, return_logprob=step.return_logprob, top_logprobs_num=step.top_logprobs_num,
-            hold_prefix=True, release_on_admit=self._handle, protected=self._protected,
+            step.input_ids, step.params, **step.logprob_options(), hold_prefix=True,
+            release_on_admit=self._handle, protected=self._protected,
         )  # fmt: skip
         updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
         self._rt.submit(req, updates.put)
         self._handle = None  # the engine releases it when the request is admitted (or fails)
+        streamed = sent = 0  # output tokens so far; of them, those whose logprobs went out with text
         while True:
             update = updates.get()
+            streamed += len(update.token_ids)
             if update.text and on_text is not None:
-                on_text(update.text)
+                on_text(update.text, stream_meta_info(req, streamed, sent))
+                sent = streamed
             if update.finished:
                 break
         if update.error is not None:
@@ -59,13 +63,13 @@ class RuntimeSequence:
         assert update.result is not None
         return GenOutput(update.result.text, update.result.meta_info())
 
-    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[float]]:
+    def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[LogprobEntry]]:
         reqs = [
             self._rt.make_request(p, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=s)
             for p, s in zip(prompts, starts)
         ]
         results = self._rt.run_requests(reqs)
-        return [[lp for lp, _, _ in r.logprobs.input_token_logprobs] for r in results]  # type: ignore[union-attr]
+        return [r.logprobs.input_token_logprobs for r in results]  # type: ignore[union-attr]
 
     def fork(self) -> RuntimeSequence:
         handle = self._rt.share_prefix(self._handle) if self._handle is not None else None
@@ -128,6 +132,14 @@ class RuntimeBackend:
     def clear_jit_cache(self) -> int:
         """Drop every compiled plan (unpinning their prefixes); returns how many."""
         return self.jit.clear() if self.jit is not None else 0
+
+    def flush_cache(self) -> int:
+        return self.runtime.flush_cache()
+
+    def get_server_info(self) -> dict[str, Any]:
+        rt = self.runtime
+        return {"model_path": str(rt.model_path), "device": str(rt.device), "max_model_len": rt.max_model_len,
+                "config": asdict(rt.config), "stats": {**rt.stats(), **self.jit_counters()}}  # fmt: skip
 
     def jit_counters(self) -> dict[str, float]:
         """The JIT's counters (compiles, hits, evictions, ...); empty with the JIT off."""

@@ -5,9 +5,10 @@ wait for the steps before them."""
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from sgjit.compiler.nodes import JOIN_MODES, Node, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
@@ -30,6 +31,7 @@ class ProgramSink(Protocol):
     def read_text(self) -> str: ...
     def read_messages(self) -> list[dict[str, str]]: ...
     def read_variables(self) -> dict[str, Any]: ...
+    def write_var(self, name: str, value: Any) -> None: ...
 
 
 class RunHandle:
@@ -161,15 +163,44 @@ class ProgramState:
     def sync(self) -> None:
         self._ready().sync()
 
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """The program's text as it is generated (only variable `var_name`'s when given). Without
-        `stream=True` the run has finished, and this yields the whole text (or value) once."""
+    def text_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
+        """The program's text as it is generated (only variable `var_name`'s when given); with
+        `return_meta_data`, (text, meta info) pairs, the meta info of a gen's chunk as SGLang streams
+        it. Without `stream=True` the run has finished, and this yields the whole text (or value)
+        once."""
         if self._run is not None:
-            yield from self._run.events.iter(var_name)
-        elif var_name is None:
-            yield self.text()
-        else:
-            yield self[var_name]
+            for text, meta in self._run.events.iter(var_name):
+                yield (text, meta or {}) if return_meta_data else text
+            return
+        value = self.text() if var_name is None else self[var_name]
+        meta = (self.get_meta_info(var_name) or {}) if var_name is not None else {}
+        yield (value, meta) if return_meta_data else value
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio code: waits for each piece on a worker thread."""
+        pieces = self.text_iter(var_name, return_meta_data)
+        loop = asyncio.get_running_loop()
+        end = object()
+        while (item := await loop.run_in_executor(None, next, pieces, end)) is not end:
+            yield item
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def set_var(self, name: str, value: Any) -> None:
+        """Set variable `name` of a program that has run (SGLang's `state[name] = value`), e.g. to
+        keep a value parsed from generated text."""
+        self._ready().write_var(name, value)
+
+    def error(self) -> BaseException | None:
+        """The exception that stopped the program, or None (reading a variable raises it too)."""
+        try:
+            self.sync()
+        except Exception as e:  # noqa: BLE001 - returned, as SGLang's state.error() does
+            return e
+        return None
 
     def __repr__(self) -> str:
         return f"ProgramState(plan_hash={self.plan_hash!r})"
@@ -205,6 +236,11 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, state: ProgramState) -> None:
+        """What `forks[i] += ...` stores back: the branch itself (`+=` extends it in place)."""
+        if state is not self.states[i]:
+            raise ProgramError(f"forks[{i}] can only be extended (forks[{i}] += ...), not replaced")
 
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)

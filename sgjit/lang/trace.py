@@ -145,6 +145,9 @@ class Recorder:
     def read_variables(self) -> dict[str, Any]:
         _fail("reads s.variables() while it runs")
 
+    def write_var(self, name: str, value: Any) -> None:
+        _fail(f"sets the variable {name!r} while it runs; a plan's variables come from its gens")
+
     def freeze(self) -> tuple[Node, ...]:
         """The recorded nodes, adjacent constants merged (so `s += "a"; s += "b"` plans as "ab")."""
         out: list[Node] = []

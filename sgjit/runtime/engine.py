@@ -199,11 +199,11 @@ class Engine:
 
     def _multi_step_ok(self, req: Request) -> bool:
         """Rows the device can finish on its own between host syncs: greedy, or sampled where the
-        sampling op runs on the device, and no host decision (stop string, grammar, penalty, logprobs,
+        sampling op runs on the device, and no host decision (stop string or regex, logit bias, grammar, penalty, logprobs,
         min-token block) needed between tokens."""
         p = req.params
         return (
-            (p.is_greedy or self.runner.samples_on_device) and not p.stop and not p.stop_token_ids and req.grammar is None and not req.return_logprob
+            (p.is_greedy or self.runner.samples_on_device) and not p.needs_host_per_token and req.grammar is None and not req.return_logprob
             and not p.has_penalties and req.num_output >= p.min_new_tokens
         )  # fmt: skip
 

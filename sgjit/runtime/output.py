@@ -1,12 +1,14 @@
 """`OutputProcessor`: what the engine does with a token once it is sampled — the grammar advances,
-the text grows, stop tokens and stop strings end the sequence, logprobs are recorded, and text is
+the text grows, stop tokens, stop strings and stop regexes end the sequence, logprobs are recorded, and text is
 handed to the submitter as it becomes final (the last `len(longest stop) - 1` characters are held
 back, since a stop string may still begin there). On finish it builds the `GenerateResult`."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,6 +32,11 @@ def logprob_entries(
         for vrow, irow in zip(vals.tolist(), idx.tolist())
     ]
     return entries, tops
+
+
+# Characters held back from the stream while a stop regex could still match (a match longer than
+# this that began in text already streamed is not seen: streamed text is never taken back).
+STOP_REGEX_HOLD_CHARS = 64
 
 
 class OutputProcessor:
@@ -97,6 +104,10 @@ class OutputProcessor:
                 i, s = min(hits)
                 req.stop_trim = len(text) - (i + len(s) if p.no_stop_trim else i)
                 return FinishReason.stop(s)
+        for pattern in p.stop_regex:  # a match must start in text not yet streamed (streamed text is final)
+            if (m := re.compile(pattern).search(req.detokenizer.text, req.released_chars)) is not None:
+                req.stop_trim = len(req.detokenizer.text) - (m.end() if p.no_stop_trim else m.start())
+                return FinishReason.stop(m.group(0))
         if req.grammar is not None and req.grammar.is_finished():
             return FinishReason.stop(None)
         if not req.wants_tokens:
@@ -111,6 +122,8 @@ class OutputProcessor:
             return
         text = req.detokenizer.text
         hold = max((len(s) for s in req.params.stop), default=1) - 1
+        if req.params.stop_regex:
+            hold = max(hold, STOP_REGEX_HOLD_CHARS)
         upto = len(text) - hold
         if upto > req.released_chars:
             delta = text[req.released_chars : upto]
@@ -130,6 +143,21 @@ class OutputProcessor:
         req.emit(
             RequestUpdate(req.rid, delta, tokens, finished=True, result=result, error=error, handle=handle)
         )
+
+
+def stream_meta_info(req: Request, num_tokens: int, logprobs_sent: int) -> dict[str, Any]:
+    """SGLang's meta_info of a streamed chunk once `num_tokens` output tokens have been streamed:
+    counts so far and, for a request that returns logprobs, the output logprobs of the tokens after
+    the first `logprobs_sent` (incremental, as SGLang streams them) with their running total.
+    Called off the engine thread: the engine's logprob lists only grow, and a token's entry is
+    appended before the update that carries the token is emitted."""
+    meta: dict[str, Any] = {"id": req.rid, "finish_reason": None, "prompt_tokens": req.prompt_len,
+                            "completion_tokens": num_tokens, "cached_tokens": req.cached_tokens}  # fmt: skip
+    if req.logprobs is not None:
+        meta["output_token_logprobs"] = req.logprobs.output_token_logprobs[logprobs_sent:num_tokens]
+        meta["output_top_logprobs"] = req.logprobs.output_top_logprobs[logprobs_sent:num_tokens]
+        meta["output_token_logprobs_length"] = num_tokens
+    return meta
 
 
 def _unreleased_tokens(req: Request) -> list[int]:

@@ -23,6 +23,8 @@ from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 
+MAX_SAMPLES_PER_PROMPT = 128
+
 
 class Runtime:
     """A model served in this process. `Runtime()` loads the bundled SmolLM2-135M-Instruct on the GPU
@@ -79,6 +81,10 @@ class Runtime:
             raise InvalidRequestError(
                 f"top_logprobs_num must be an integer in [0, {vocab}] (the vocabulary size)",
                 "top_logprobs_num",
+            )
+        if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
+            raise InvalidRequestError(
+                f"logit_bias token ids must lie in the vocabulary [0, {vocab})", "logit_bias"
             )
         if any(not 0 <= t < vocab for t in params.stop_token_ids):
             raise InvalidRequestError(
@@ -193,7 +199,7 @@ class Runtime:
         **logprob_options: Any,
     ) -> tuple[list[Request], bool]:
         """The requests `generate` would run for these arguments, validated and not yet submitted,
-        and whether the call was a batch. The HTTP server builds `/generate` requests here too, so
+        and whether the call was a batch (`n` > 1 samples of one prompt make one, as in SGLang). The HTTP server builds `/generate` requests here too, so
         both front doors accept and reject exactly the same inputs."""
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids", "prompt")
@@ -210,7 +216,11 @@ class Runtime:
             raise InvalidRequestError(
                 "sampling_params list must match the number of prompts", "sampling_params"
             )
-        return [self.make_request(ids, sp, **logprob_options) for ids, sp in zip(id_lists, params)], batched
+        reqs = []
+        for ids, sp in zip(id_lists, params):
+            n = _samples_per_prompt(sp)
+            reqs += [self.make_request(ids, sp, **logprob_options) for _ in range(n)]
+        return reqs, batched or len(reqs) > len(id_lists)
 
     def run_requests(self, reqs: list[Request]) -> list[GenerateResult]:
         """Submit requests together and wait for all; their results in order (raises the first error)."""
@@ -322,6 +332,16 @@ class Runtime:
         self.engine.call(lambda: self.pool.allocator.incref(pages))
         return PrefixHandle(list(handle.token_ids), pages)
 
+    @property
+    def endpoint(self) -> Runtime:
+        """SGLang's `Runtime.endpoint` (the backend programs run on): in process, the runtime itself;
+        `sgjit.set_default_backend` and `backend=` take it as they take the runtime."""
+        return self
+
+    def get_model_name(self) -> str:
+        """The model's path, as SGLang's backends report it."""
+        return str(self.model_path)
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 
@@ -330,3 +350,14 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _samples_per_prompt(params: dict[str, Any] | SamplingParams | None) -> int:
+    """SGLang's `sampling_params.n`: how many samples of the prompt to draw (1 unless given)."""
+    n = params.get("n", 1) if isinstance(params, dict) else 1
+    n = 1 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES_PER_PROMPT:
+        raise InvalidRequestError(
+            f"sampling parameter 'n' must be an integer in [1, {MAX_SAMPLES_PER_PROMPT}]", "n"
+        )
+    return n

@@ -68,13 +68,18 @@ class Sampler:
     def process_logits(
         self, logits: torch.Tensor, reqs: list[Request], eos_ids: tuple[int, ...]
     ) -> torch.Tensor:
-        """Penalties, the min_new_tokens block on stop tokens, and grammar masks, in place on this
-        step's logits (a fresh tensor every step)."""
+        """Penalties, logit biases, the min_new_tokens block on stop tokens, and grammar masks, in
+        place on this step's logits (a fresh tensor every step)."""
         logits = logits[:, : self.vocab_size]
         for i, req in enumerate(reqs):
             p = req.params
             if p.has_penalties and req.num_output > 0:
                 self._penalize(logits[i], req)
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), dtype=torch.int64, device=logits.device)
+                logits[i, ids] += torch.tensor(
+                    list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device
+                )
             if req.num_output < p.min_new_tokens:
                 block = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_ids))
                 if block:

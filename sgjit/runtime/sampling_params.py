@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -89,6 +90,25 @@ def _schema(key: str, v: Any) -> str:
     return text
 
 
+def _logit_bias(key: str, v: Any) -> dict[int, float]:
+    """OpenAI's / SGLang's `{"token id": bias}` (keys may be ints or their decimal strings)."""
+    if not isinstance(v, dict):
+        raise InvalidRequestError(f"sampling parameter {key!r} must be an object of token id -> bias", key)
+    out = {}
+    for tok, bias in v.items():
+        if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+            tok = int(tok)
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {tok!r}", key)
+        out[tok] = _float(key, bias)
+    return out
+
+
+def _accepted(key: str, v: Any) -> Any:
+    """A parameter SGLang's frontend sends that changes nothing here (documented with its field)."""
+    return v
+
+
 def _top_k(key: str, v: Any) -> int:
     k = _int(key, v)
     return -1 if k == 0 else k
@@ -118,6 +138,9 @@ class SamplingParams:
     )
     repetition_penalty: float = knob(1.0, _float, float, openai="repetition_penalty")
     stop: list[str] = knob([], _str_list, str | list[str], gen="stop", run=True, openai="stop")
+    stop_regex: list[str] = knob(
+        [], _str_list, str | list[str], gen="stop_regex", run=True, openai="stop_regex"
+    )
     stop_token_ids: list[int] = knob(
         [], _int_list, list[int], gen="stop_token_ids", run=True, openai="stop_token_ids"
     )
@@ -125,6 +148,14 @@ class SamplingParams:
     skip_special_tokens: bool = knob(True, _bool, bool, openai="skip_special_tokens")
     no_stop_trim: bool = knob(False, _bool, bool)
     seed: int | None = knob(None, _int, int, openai="seed")
+    sampling_seed: int | None = knob(None, _int, int)  # SGLang's name for seed (folded into it)
+    logit_bias: dict[int, float] | None = knob(None, _logit_bias, dict[str, float], openai="logit_bias")
+    # Accepted so SGLang's frontend and clients work unchanged; they change nothing here:
+    # fast tokenizers never put spaces between special tokens, every token is streamed as it comes,
+    # and no custom logit processor is installed to read custom_params.
+    spaces_between_special_tokens: bool = knob(True, _bool, bool)
+    stream_interval: int | None = knob(None, _int, int)
+    custom_params: dict[str, Any] | None = knob(None, _accepted, dict[str, Any])
     regex: str | None = knob(None, _str, str, gen="regex", openai="regex")
     json_schema: str | None = knob(
         None, _schema, str | dict[str, Any], gen="json_schema", openai="json_schema"
@@ -139,6 +170,11 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def needs_host_per_token(self) -> bool:
+        """The host must see each token before the next (a stop string or regex, a logit bias)."""
+        return bool(self.stop or self.stop_regex or self.stop_token_ids or self.logit_bias)
 
     @property
     def grammar_key(self) -> tuple[str, str] | None:
@@ -162,6 +198,12 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"sampling_params must be a dict, got {type(params).__name__}", "sampling_params"
             )
+        unsupported = sorted(set(params) & UNSUPPORTED)
+        if unsupported:
+            raise InvalidRequestError(
+                f"sampling parameter {unsupported[0]!r} is not supported by sgjit; leave it out",
+                unsupported[0],
+            )
         unknown = sorted(set(params) - set(KNOBS) - {"n"})
         if unknown:
             raise InvalidRequestError(
@@ -172,6 +214,9 @@ class SamplingParams:
             if key == "n" or value is None:
                 continue
             setattr(sp, key, KNOBS[key].convert(key, value))
+        if sp.sampling_seed is not None:
+            _check(sp.seed in (None, sp.sampling_seed), "sampling_seed", "and seed disagree; give one")
+            sp.seed, sp.sampling_seed = sp.sampling_seed, None
         sp.validate()
         return sp
 
@@ -191,6 +236,16 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
+        _check(
+            all(_compiles(r) for r in self.stop_regex),
+            "stop_regex",
+            "must be valid regular expressions that do not match the empty string",
+        )
+        _check(
+            self.logit_bias is None or all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()),
+            "logit_bias",
+            "biases must be in [-100, 100]",
+        )
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
         constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
         _check(
@@ -199,6 +254,14 @@ class SamplingParams:
             f"only one of {constraints} may be set",
         )
         _check(self.choices is None or len(self.choices) > 0, "choices", "must list at least one choice")
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return re.compile(pattern).search("") is None  # a pattern that matches nothing would stop at once
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -212,3 +275,5 @@ RUN_KEYS: tuple[str, ...] = tuple(name for name, k in KNOBS.items() if k.run)
 OPENAI_KEYS: dict[str, str] = {
     k.openai: name for name, k in KNOBS.items() if k.openai
 }  # OpenAI field -> field
+# What SGLang accepts and sgjit cannot honour: a clear error, never silently dropped.
+UNSUPPORTED = frozenset({"structural_tag", "ebnf_grammar_path", "lora_path"})

@@ -103,8 +103,11 @@ def _is_union_tag(part: str) -> bool:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
-        return to_api_error(exc).response()
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        error = to_api_error(exc)
+        if 400 <= error.status < 500 and error.status != 499:  # the client's mistake: one line, no trace
+            log.info("%s %s -> %d: %s", request.method, request.url.path, error.status, error.message)
+        return error.response()
 
     # NOTE: the classes raised on purpose are listed one by one: starlette answers them directly,
     # whereas what only the `Exception` entry catches is answered and then re-raised for the logs.

@@ -81,8 +81,14 @@ def model_info(state: ServerState) -> dict[str, Any]:
     mc = rt.model_config
     return {
         "model_path": str(rt.model_path),
+        "tokenizer_path": str(rt.model_path),
         "served_model_name": state.model_name,
         "is_generation": True,
+        "model_type": mc.architecture,
+        "architectures": [mc.architecture],
+        "preferred_sampling_params": None,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
         "architecture": mc.architecture,
         "vocab_size": mc.vocab_size,
         "hidden_size": mc.hidden_size,

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
+from sgjit.runtime.output import stream_meta_info
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import unavailable
@@ -55,26 +56,23 @@ async def generate(
 
 
 async def generate_events(group: RequestGroup, batched: bool) -> AsyncIterator[bytes]:
-    """SGLang's stream: each event holds the text and token ids so far; the last one is the whole
-    result, meta_info (logprobs included) as the non-streamed call returns it."""
+    """SGLang's stream: each event holds the text and token ids so far and the meta info; logprobs
+    of output tokens come incrementally (the tokens since the previous event) with
+    `output_token_logprobs_length` counting them all, as SGLang's frontend reads them. The last
+    event carries the whole meta info (prompt logprobs included)."""
     texts = [""] * len(group.reqs)
     ids: list[list[int]] = [[] for _ in group.reqs]
+    sent = [0] * len(group.reqs)  # output logprob entries streamed so far
     async for i, u in group.updates():
+        req = group.reqs[i]
+        texts[i] += u.text
+        ids[i] += u.token_ids
+        meta = stream_meta_info(req, len(ids[i]), sent[i])
+        sent[i] = len(ids[i])
         if u.finished:
             assert u.result is not None
-            chunk = u.result.to_dict()
-        else:
-            req = group.reqs[i]
-            texts[i] += u.text
-            ids[i] += u.token_ids
-            meta = {
-                "id": req.rid,
-                "finish_reason": None,
-                "prompt_tokens": req.prompt_len,
-                "completion_tokens": len(ids[i]),
-                "cached_tokens": req.cached_tokens,
-            }
-            chunk = {"text": texts[i], "output_ids": ids[i], "meta_info": meta}
+            meta = {**u.result.meta_info(), **{k: v for k, v in meta.items() if k.startswith("output_")}}
+        chunk: dict[str, Any] = {"text": texts[i], "output_ids": ids[i], "meta_info": meta}
         if batched:
             chunk["index"] = i
         yield sse(json_bytes(chunk))
@@ -105,11 +103,13 @@ async def health_generate(request: Request, rt: Runtime = Depends(accepting_runt
 
 
 @router.get("/get_model_info")
+@router.get("/model_info")
 async def get_model_info(request: Request) -> dict[str, Any]:
     return model_info(server_state(request))
 
 
 @router.get("/get_server_info")
+@router.get("/server_info")
 def get_server_info(request: Request) -> dict[str, Any]:
     """Sync routes like this one run on a worker thread: they wait for the engine thread."""
     return server_info(server_state(request))

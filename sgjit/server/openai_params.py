@@ -88,8 +88,6 @@ def _job(
     return_logprob: bool,
     top_logprobs_num: int,
 ) -> Job:
-    if body.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported by this server", "logit_bias")
     reqs, prefills = [], []
     for ids in id_lists:
         room = max(rt.max_model_len - len(ids), 1)  # a too-long prompt fails in make_request

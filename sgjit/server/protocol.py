@@ -82,7 +82,6 @@ class OpenAISampling(OpenAISamplingFields):  # type: ignore[misc, valid-type]
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields the request set, under `SamplingParams` names."""
