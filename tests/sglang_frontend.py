@@ -3,7 +3,7 @@
 `sglang/__init__.py` pulls in SGLang's server stack (torch, triton, FlashInfer), which these tests
 neither have nor need; so the package is bound as a bare module over its real directory, and the
 frontend modules (`sglang.lang.*`) are imported from it directly. `frontend()` gives SGLang's
-frontend API (what `import sglang as sgl` gives a client), and `test_programs(sgl)` loads SGLang's
+frontend API (what `import sglang as sgl` gives a client), and `load_test_programs(sgl, ...)` loads SGLang's
 `sglang/test/test_programs.py` unchanged, with `sglang` bound to the API under test: SGLang's own
 frontend (programs then run through SGLang's `RuntimeEndpoint` against `sgjit serve`) or sgjit
 itself (programs run in process, as after `import sgjit as sgl`)."""
@@ -71,7 +71,7 @@ def sglang_regexes() -> dict[str, str]:
     return {k: getattr(ir, k) for k in ("REGEX_INT", "REGEX_FLOAT", "REGEX_BOOL", "REGEX_STR")}
 
 
-def test_programs(sgl: Any, get_tokenizer: Any, modules: dict[str, Any]) -> types.ModuleType:
+def load_test_programs(sgl: Any, get_tokenizer: Any, modules: dict[str, Any]) -> types.ModuleType:
     """SGLang's test_programs.py with `sglang` bound to `sgl`. `modules` (a dict like sys.modules,
     e.g. pytest's monkeypatch target) receives the few modules it imports besides the frontend:
     `sglang.srt.utils.is_hip` (no ROCm here), `get_tokenizer` for its min-token check, and

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
+from sgjit.errors import InvalidRequestError
 from sgjit.runtime.output import stream_meta_info
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
@@ -37,6 +38,13 @@ def json_bytes(value: Any) -> bytes:
 async def generate(
     body: GenerateRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
+    for field in ("image_data", "video_data", "audio_data"):
+        if getattr(body, field) is not None:
+            raise InvalidRequestError(
+                f"{field}: this server's model is text-only and cannot read {field.split('_')[0]} input; "
+                "send text (describe the media), or use a vision-language model server",
+                field,
+            )
     reqs, batched = await run_in_threadpool(
         rt.make_requests,
         body.text,
@@ -77,6 +85,15 @@ async def generate_events(group: RequestGroup, batched: bool) -> AsyncIterator[b
             chunk["index"] = i
         yield sse(json_bytes(chunk))
     yield DONE
+
+
+@router.post("/concate_and_append_request")
+async def concate_and_append_request(request: Request) -> dict[str, Any]:
+    """What SGLang's frontend calls after `forks.join("concate_and_append")`: copy the branches' KV
+    into the parent's sequence. Answered as done without copying: the parent's next request sends
+    the joined text, whose prefix the radix cache matches and whose remainder it computes."""
+    server_state(request).accepting()
+    return {"success": True}
 
 
 @router.get("/health")

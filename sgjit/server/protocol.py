@@ -30,6 +30,11 @@ class GenerateRequest(Lenient):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    rid: str | list[str] | None = None  # SGLang's client-chosen request id: accepted, sgjit names its own
+    # multimodal inputs: refused (the models served are text-only), never silently dropped
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
 
 
 class GenerateResult(BaseModel):
