@@ -58,9 +58,13 @@ class RunDefaults:
         return out
 
     @classmethod
-    def split(cls, kwargs: dict[str, Any]) -> tuple[RunDefaults, dict[str, Any]]:
-        """Separate run keywords (sampling defaults) from the program's own arguments."""
-        names = set(cls.names())
+    def split(
+        cls, kwargs: dict[str, Any], params: frozenset[str] = frozenset()
+    ) -> tuple[RunDefaults, dict[str, Any]]:
+        """Separate run keywords (sampling defaults) from the program's own arguments. A program
+        parameter named like one of SGLang's accepted-and-ignored keywords (`n`, `use_thread`) keeps
+        its argument."""
+        names = set(cls.names()) - (params & set(ACCEPTED_KEYS))
         mine = {k: v for k, v in kwargs.items() if k in names}
         return cls.from_dict(mine), {k: v for k, v in kwargs.items() if k not in names}
 

@@ -123,7 +123,7 @@ class Function:
         presence_penalty, ignore_eos, return_logprob, top_logprobs_num) are defaults for every gen;
         the rest are the program's arguments. With `stream=True` it returns at once; read the text
         as it comes with `state.text_iter()`."""
-        defaults, program_kwargs = RunDefaults.split(kwargs)
+        defaults, program_kwargs = RunDefaults.split(kwargs, frozenset(self.signature.parameters))
         return self._start(self._bind(args, program_kwargs), defaults, resolve_backend(backend), stream)
 
     def run_batch(

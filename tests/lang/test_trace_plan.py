@@ -71,7 +71,7 @@ def test_trace_records_the_programs_nodes():
     assert isinstance(fork, Fork) and len(fork.branches) == 2
     assert fork.branches[1][0] == ConstText(" Idea 1:")
     assert plan.nodes[18] == Join(17)
-    assert plan.nodes[19].regex == r"[-+]?[0-9]+"  # gen_int
+    assert plan.nodes[19].regex == r"[-+]?[0-9]{1,19}[ \n]*" and plan.nodes[19].stop == (" ", "\n")  # gen_int
     assert plan.nodes[20].json_schema == '{"type": "object"}'
 
 
