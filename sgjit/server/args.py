@@ -10,6 +10,7 @@ from typing import Any
 
 from sgjit.errors import InvalidRequestError
 from sgjit.runtime.config import RuntimeConfig
+from sgjit.server.tool_formats import PARSER_CHOICES
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -25,6 +26,7 @@ class ServerArgs:
     log_level: str = "info"
     drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
     profile_dir: str | None = None  # where /start_profile + /stop_profile write Chrome traces
+    tool_call_parser: str = "auto"  # how tool calls are written: auto (from the chat template) or a format
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -38,6 +40,10 @@ class ServerArgs:
             )
         if self.drain_timeout < 0:
             raise InvalidRequestError("--drain-timeout must be >= 0 seconds", "drain_timeout")
+        if self.tool_call_parser not in PARSER_CHOICES:
+            raise InvalidRequestError(
+                f"--tool-call-parser must be one of {', '.join(PARSER_CHOICES)}", "tool_call_parser"
+            )
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
 
@@ -118,6 +124,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", default=server.log_level, choices=LOG_LEVELS, help="(default: %(default)s)")
     p.add_argument(
+        "--tool-call-parser",
+        default=server.tool_call_parser,
+        choices=PARSER_CHOICES,
+        help="how the model writes tool calls: hermes (also qwen25), llama3_json, mistral, deepseek_v3, "
+        "or auto: the format the chat template shows, hermes when it shows none (default: %(default)s)",
+    )
+    p.add_argument(
         "--profile-dir",
         default=None,
         help="enable POST /start_profile and /stop_profile, writing torch.profiler Chrome traces here",
@@ -143,4 +156,5 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         log_level=ns.log_level,
         drain_timeout=ns.drain_timeout,
         profile_dir=ns.profile_dir,
+        tool_call_parser=ns.tool_call_parser,
     )

@@ -47,7 +47,8 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
     return await _respond(
-        request, body, lambda: chat_job(rt, body), lambda job, model, usage: ChatChunks(model, usage),
+        request, body, lambda: chat_job(rt, body, server_state(request).args.tool_call_parser),
+        lambda job, model, usage: ChatChunks(model, usage, job.tools, len(job.reqs)),
         lambda job, results, model: chat_response(job, results, model, body.logprobs),
     )  # fmt: skip
 

@@ -20,9 +20,12 @@ from sgjit.server.protocol import (
     CompletionResponse,
     PromptTokensDetails,
     TokenLogprob,
+    ToolCall,
+    ToolCallFunction,
     TopLogprob,
     Usage,
 )
+from sgjit.server.tool_formats import ParsedCall
 
 MIN_LOGPROB = -9999.0  # stands in for -inf (a token the grammar ruled out), which JSON cannot carry
 
@@ -35,10 +38,24 @@ def now() -> int:
     return int(time.time())
 
 
-def finish_reason(result: GenerateResult) -> str:
+def finish_reason(result: GenerateResult, made_calls: bool = False) -> str:
     """OpenAI's finish reason for an engine result: `stop` (EOS, a stop string or token, or the
-    grammar's end) or `length` (max_tokens or the context ran out)."""
-    return "length" if result.finish_reason.type == "length" else "stop"
+    grammar's end), `tool_calls` (so, with calls in the answer) or `length` (max_tokens or the
+    context ran out)."""
+    if result.finish_reason.type == "length":
+        return "length"
+    return "tool_calls" if made_calls else "stop"
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_calls(calls: Sequence[ParsedCall]) -> list[ToolCall]:
+    return [
+        ToolCall(id=new_call_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments))
+        for c in calls
+    ]
 
 
 def usage(job: Job, results: Sequence[GenerateResult]) -> Usage:
@@ -102,11 +119,14 @@ def _result_logprobs(result: GenerateResult) -> tuple[list[LogprobEntry], list[l
 def chat_response(
     job: Job, results: list[GenerateResult], model: str, logprobs: bool
 ) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(index=i, message=AssistantMessage(content=r.text), finish_reason=finish_reason(r),
-                   logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None)
-        for i, r in enumerate(results)
-    ]  # fmt: skip
+    choices = []
+    for i, r in enumerate(results):
+        content, calls = job.tools.read(r.text) if job.tools else (r.text, [])
+        message = AssistantMessage(content=content, tool_calls=tool_calls(calls) if calls else None)
+        choices.append(
+            ChatChoice(index=i, message=message, finish_reason=finish_reason(r, bool(calls)),
+                       logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None)
+        )  # fmt: skip
     return ChatCompletionResponse(
         id=new_id("chatcmpl"), created=now(), model=model, choices=choices, usage=usage(job, results)
     )

@@ -4,12 +4,20 @@ tokenizing and grammar compilation must not stall the event loop)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sgjit.errors import InvalidRequestError
 from sgjit.runtime.request import Request
-from sgjit.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAISampling
+from sgjit.server.openai_tools import ToolSetup, render_inputs, tool_constraint, tool_setup
+from sgjit.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    MessageToolCall,
+    OpenAISampling,
+)
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
@@ -28,17 +36,30 @@ class Job:
     prompt_lens: list[int]
     n: int
     prefill_cached: list[int] = field(default_factory=list)  # per prompt, once the prefills ran
+    tools: ToolSetup | None = None  # chat with tools: the answers are read for tool calls
 
 
-def chat_job(rt: Runtime, body: ChatCompletionRequest) -> Job:
-    if body.tools:
-        raise InvalidRequestError("tools / function calling are not supported by this server", "tools")
+def chat_job(rt: Runtime, body: ChatCompletionRequest, tool_call_parser: str = "auto") -> Job:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
-    ids = rt.tokenizer.encode_chat(template_messages(body.messages), add_generation_prompt=True)
+    tools = tool_setup(body, rt.tokenizer, tool_call_parser)
+    messages, template_vars = render_inputs(
+        template_messages(body.messages), body, rt.tokenizer, offer_tools=body.tool_choice != "none"
+    )
+    ids = rt.tokenizer.encode_chat(messages, add_generation_prompt=True, **template_vars)
     max_tokens = body.max_completion_tokens or body.max_tokens
     constraint = response_constraint(body)
-    return _job(
+    if forced := tool_constraint(tools, rt.tokenizer):
+        if constraint or body.regex is not None or body.json_schema is not None:
+            raise InvalidRequestError(
+                f"tool_choice {body.tool_choice!r} constrains the answer to a tool call, and so does "
+                "response_format / regex / json_schema; give one",
+                "tool_choice",
+            )
+        constraint = forced
+    if tools is not None and tools.fmt.special_markers:
+        constraint = {**constraint, "skip_special_tokens": False}  # the calls' markers are special tokens
+    job = _job(
         rt,
         body,
         [ids],
@@ -47,6 +68,8 @@ def chat_job(rt: Runtime, body: ChatCompletionRequest) -> Job:
         return_logprob=body.logprobs,
         top_logprobs_num=body.top_logprobs or 0,
     )
+    job.tools = tools
+    return job
 
 
 def completion_job(rt: Runtime, body: CompletionRequest) -> Job:
@@ -132,13 +155,21 @@ def response_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
     return {"json_schema": fmt.json_schema.schema_ or ANY_JSON_OBJECT}
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as chat templates take them: string content (text parts joined by newlines), and
-    OpenAI's `developer` role as `system`."""
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them (Hugging Face's layout): string content (text parts
+    joined by newlines), OpenAI's `developer` role as `system`, earlier tool calls with their
+    arguments as objects, tool results with the id of their call."""
     out = []
     for i, m in enumerate(messages):
-        if m.content is None or isinstance(m.content, str):
-            content = m.content or ""
+        if m.content is None:
+            if not (m.role == "assistant" and m.tool_calls):
+                raise InvalidRequestError(
+                    f"a {m.role} message needs content (only an assistant message with tool_calls may omit it)",
+                    f"messages.{i}.content",
+                )
+            content = ""
+        elif isinstance(m.content, str):
+            content = m.content
         else:
             for j, part in enumerate(m.content):
                 if part.type != "text" or part.text is None:
@@ -147,5 +178,30 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
                         f"messages.{i}.content.{j}",
                     )
             content = "\n".join(part.text for part in m.content)  # type: ignore[misc]
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        if m.tool_calls:
+            message["tool_calls"] = [
+                _template_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(m.tool_calls)
+            ]
+        if m.role == "tool":
+            message["tool_call_id"] = m.tool_call_id or ""
+        if m.name is not None:
+            message["name"] = m.name
+        out.append(message)
     return out
+
+
+def _template_call(call: MessageToolCall, param: str) -> dict[str, Any]:
+    args = call.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise InvalidRequestError(
+                f"the arguments of this tool call are not JSON ({e})", f"{param}.function.arguments"
+            ) from e
+    return {
+        "id": call.id or "",
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": args},
+    }

@@ -8,26 +8,44 @@ from collections.abc import AsyncIterator
 
 from sgjit.runtime.result import GenerateResult, LogprobEntry
 from sgjit.server.bridge import RequestGroup
-from sgjit.server.openai_output import chat_logprobs, completion_logprobs, finish_reason, new_id, now, usage
+from sgjit.server.openai_output import (
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    new_id,
+    now,
+    tool_calls,
+    usage,
+)
 from sgjit.server.openai_params import Job
+from sgjit.server.openai_tools import ToolSetup
 from sgjit.server.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
     CompletionChoice,
     CompletionResponse,
+    DeltaToolCall,
     Usage,
 )
 from sgjit.server.sse import DONE, sse
+from sgjit.server.tool_formats import ParsedCall, ToolCallStream
 
 Logprobs = tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]
 
 
 class ChatChunks:
-    def __init__(self, model: str, include_usage: bool) -> None:
+    """With tools, each choice's text goes through a `ToolCallStream`: content deltas as usual,
+    and each tool call as one `tool_calls` delta once it is whole."""
+
+    def __init__(
+        self, model: str, include_usage: bool, tools: ToolSetup | None = None, num_choices: int = 1
+    ) -> None:
         self.id, self.created, self.model = new_id("chatcmpl"), now(), model
         self.include_usage = include_usage
         self.exclude = None if include_usage else {"usage"}
+        self.tools = [ToolCallStream(tools.fmt) for _ in range(num_choices)] if tools else None
+        self.eos_texts = tools.eos_texts if tools else ()
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -40,10 +58,37 @@ class ChatChunks:
 
     def delta(self, i: int, text: str, logprobs: Logprobs | None) -> bytes:
         lp = chat_logprobs(*logprobs) if logprobs else None
-        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=text), logprobs=lp)])
+        if self.tools is None:
+            return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=text), logprobs=lp)])
+        content, calls = self.tools[i].feed(text)
+        out = b""
+        if content or lp:
+            out += self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=content), logprobs=lp)])
+        return out + self._calls(i, calls)
 
-    def finish(self, i: int, reason: str) -> bytes:
-        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
+    def finish(self, i: int, result: GenerateResult) -> bytes:
+        out, made_calls = b"", False
+        if self.tools is not None:
+            stream = self.tools[i]
+            for eos in self.eos_texts:  # special tokens are kept in the text: drop EOS before reading it
+                if stream.text.endswith(eos):
+                    stream.text = stream.text.removesuffix(eos)
+            content, calls = stream.finish()
+            if content:
+                out += self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=content))])
+            out += self._calls(i, calls)
+            made_calls = stream.made_calls
+        reason = finish_reason(result, made_calls)
+        return out + self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
+
+    def _calls(self, i: int, calls: list[ParsedCall]) -> bytes:
+        if not calls:
+            return b""
+        assert self.tools is not None
+        first = self.tools[i].calls_sent - len(calls)
+        deltas = [DeltaToolCall(index=first + k, id=call.id, function=call.function)
+                  for k, call in enumerate(tool_calls(calls))]  # fmt: skip
+        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(tool_calls=deltas))])
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
@@ -70,8 +115,8 @@ class CompletionChunks:
         self.text_offset[i] += len(text)
         return self._chunk([CompletionChoice(index=i, text=text, logprobs=lp)])
 
-    def finish(self, i: int, reason: str) -> bytes:
-        return self._chunk([CompletionChoice(index=i, text="", finish_reason=reason)])
+    def finish(self, i: int, result: GenerateResult) -> bytes:
+        return self._chunk([CompletionChoice(index=i, text="", finish_reason=finish_reason(result))])
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
@@ -100,7 +145,7 @@ async def openai_events(
         if u.finished:
             assert u.result is not None
             results[i] = u.result
-            yield chunks.finish(i, finish_reason(u.result))
+            yield chunks.finish(i, u.result)
     if chunks.include_usage:
         yield chunks.usage(usage(job, [r for r in results if r is not None]))
     yield DONE

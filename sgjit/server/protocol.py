@@ -53,9 +53,46 @@ class TextPart(Lenient):
     text: str | None = None
 
 
+class FunctionCall(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; some clients an object
+
+
+class MessageToolCall(Lenient):
+    """A call an earlier assistant turn made, as the client sends it back."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this is the result of
+
+
+class FunctionDef(Lenient):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for function names
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments; none: any object
+    strict: bool | None = None
+
+
+class ToolDef(Lenient):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Lenient):
+    name: str
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(Lenient):
@@ -100,7 +137,9 @@ class ChatCompletionRequest(OpenAISampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(OpenAISampling):
@@ -138,9 +177,21 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -159,15 +210,23 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaToolCall(BaseModel):
+    index: int  # the call's position among this choice's calls
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatDelta(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
-    @model_serializer
-    def _set_fields_only(self) -> dict[str, str]:
-        """OpenAI's deltas carry only what changed: `{"role": ...}` first, then `{"content": ...}`,
-        and `{}` on the chunk that finishes a choice."""
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: Any) -> dict[str, Any]:
+        """OpenAI's deltas carry only what changed: `{"role": ...}` first, then `{"content": ...}`
+        or `{"tool_calls": [...]}`, and `{}` on the chunk that finishes a choice."""
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):

@@ -77,10 +77,14 @@ class Tokenizer:
             return ChatTemplate.fallback(messages, add_generation_prompt)
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_vars: Any
+    ) -> list[int]:
+        """`template_vars`: more variables for the template (e.g. `tools`)."""
         # The rendered template carries its own BOS where the model wants one.
         return self.encode(
-            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+            self.apply_chat_template(messages, add_generation_prompt, **template_vars),
+            add_special_tokens=False,
         )
 
     @classmethod
