@@ -246,8 +246,21 @@ def node_to_dict(node: Node) -> dict[str, Any]:
     return out
 
 
-def node_from_dict(data: Any) -> Node:
-    _need(isinstance(data, dict) and data.get("kind") in NODE_TYPES, f"not a plan node: {data!r}")
+def node_from_dict(data: Any, path: str = "node") -> Node:
+    """A node from its JSON form; `path` (e.g. `nodes[3].branches[0][1]`) leads every error, so a
+    client sees which part of a plan body is wrong."""
+    try:
+        return _node_from_dict(data, path)
+    except ProgramError as e:
+        if str(e).startswith(path):
+            raise
+        raise ProgramError(f"{path}: {e}") from e
+    except TypeError as e:  # a value of a type no field check foresaw
+        raise ProgramError(f"{path}: a field has the wrong type ({e})") from e
+
+
+def _node_from_dict(data: Any, path: str) -> Node:
+    _need(isinstance(data, dict) and data.get("kind") in NODE_TYPES, f"{path} is not a plan node: {data!r}")
     cls = NODE_TYPES[data["kind"]]
     if cls is Gen:
         return Gen.of(**{k: v for k, v in data.items() if k != "kind"})
@@ -259,10 +272,20 @@ def node_from_dict(data: Any) -> Node:
         if key == "kind":
             continue
         if cls is Fork:
-            value = tuple(tuple(node_from_dict(n) for n in branch) for branch in value)
+            _need(
+                isinstance(value, list) and all(isinstance(b, list) for b in value),
+                f"{path}.branches must be a list of branches, each a list of nodes",
+            )
+            value = tuple(
+                tuple(node_from_dict(n, f"{path}.branches[{b}][{j}]") for j, n in enumerate(branch))
+                for b, branch in enumerate(value)
+            )
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[key] = value
+    if cls is Join:
+        fork = kwargs.get("fork")
+        _need(isinstance(fork, int) and not isinstance(fork, bool), f"{path}.fork must be a node index")
     try:
         return cls(**kwargs)
     except TypeError as e:

@@ -67,13 +67,23 @@ class GraphPlan:
             raise ProgramError(f"a GraphPlan must be JSON from GraphPlan.to_json(): {e}") from e
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise ProgramError(f"not a {PLAN_FORMAT} plan; was it written by another sgjit version?")
+        name, args, nodes = data.get("name", ""), data.get("args", []), data.get("nodes", [])
+        source_hash, claimed = data.get("source_hash", ""), data.get("plan_hash")
+        for key, ok, want in (
+            ("name", isinstance(name, str), "a string"),
+            ("args", isinstance(args, list) and all(isinstance(a, str) for a in args), "a list of strings"),
+            ("nodes", isinstance(nodes, list), "a list of nodes"),
+            ("source_hash", isinstance(source_hash, str), "a string"),
+            ("plan_hash", claimed is None or isinstance(claimed, str), "a string"),
+        ):
+            if not ok:
+                raise ProgramError(f"plan field {key!r} must be {want}; send GraphPlan.to_json() unchanged")
         plan = cls(
-            name=data.get("name", ""),
-            arg_names=tuple(data.get("args", ())),
-            nodes=tuple(node_from_dict(n) for n in data.get("nodes", ())),
-            source_hash=data.get("source_hash", ""),
+            name=name,
+            arg_names=tuple(args),
+            nodes=tuple(node_from_dict(n, f"nodes[{i}]") for i, n in enumerate(nodes)),
+            source_hash=source_hash,
         )
-        claimed = data.get("plan_hash")
         if claimed is not None and claimed != plan.plan_hash:
             raise ProgramError(
                 f"plan hash mismatch: the JSON says {claimed}, its content hashes to {plan.plan_hash}"

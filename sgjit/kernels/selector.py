@@ -108,10 +108,27 @@ class AutotuneStore:
         self.path = path or env().cache_dir / "autotune.json"
 
     def load(self) -> dict[str, str]:
+        """The stored winners; a missing file is empty, and so is a corrupt or truncated one (a crash
+        mid-write on another machine, a disk error): it is only a cache, so it is ignored with a
+        warning and the next `put` rewrites it whole."""
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            text = self.path.read_text()
+        except FileNotFoundError:
             return {}
+        except (OSError, UnicodeDecodeError) as e:
+            log.warning("ignoring the autotune store %s: unreadable (%s); it will be rebuilt", self.path, e)
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            log.warning("ignoring the autotune store %s: not JSON (%s); it will be rebuilt", self.path, e)
+            return {}
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            log.warning(
+                "ignoring the autotune store %s: not an object of tile names; it will be rebuilt", self.path
+            )
+            return {}
+        return data
 
     def get(self, key: str) -> str | None:
         return self.load().get(key)

@@ -189,13 +189,32 @@ class Engine:
         self.counters["steps"] += 1
         try:
             with nvtx_range(f"step rows={len(batch.rows)} tokens={batch.num_tokens}"):
-                out = self.runner.forward(batch.rows)
-                self._process(batch.rows, out)
-        except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
-            log.exception("forward step failed; failing its %d requests", len(batch.rows))
-            for row in batch.rows:
-                if row.req.status is not Status.FINISHED:
-                    self._finish(row.req, FinishReason.abort(str(e)), error=e)
+                self._forward_and_process(batch.rows)
+        except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine or its batch
+            if len(batch.rows) == 1:
+                log.exception("request %s failed in a forward step", batch.rows[0].req.rid)
+                self._finish(batch.rows[0].req, FinishReason.abort(str(e)), error=e)
+                return
+            log.warning("a step of %d rows failed (%s); rerunning them one by one", len(batch.rows), e)
+            self._isolate(batch.rows)
+
+    def _forward_and_process(self, rows: list[RowChunk]) -> None:
+        self._process(rows, self.runner.forward(rows))
+
+    def _isolate(self, rows: list[RowChunk]) -> None:
+        """Rerun a failed step's rows alone, so only the request that fails again ends (with its
+        error) and the others advance. Safe to rerun: no token was appended before the failure
+        (token-level errors are caught per request in `_process`), a row rewrites the same KV
+        entries with the same values, and prompt logprobs already recorded are not asked again
+        (`next_input_logprob`)."""
+        for row in rows:
+            if row.req.status is Status.FINISHED:
+                continue
+            try:
+                self._forward_and_process([row])
+            except Exception as e:  # noqa: BLE001 - this request is the culprit
+                log.exception("request %s failed in a forward step", row.req.rid)
+                self._finish(row.req, FinishReason.abort(str(e)), error=e)
 
     def _multi_step_ok(self, req: Request) -> bool:
         """Rows the device can finish on its own between host syncs: greedy, or sampled where the

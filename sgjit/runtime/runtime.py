@@ -18,12 +18,10 @@ from sgjit.runtime.engine import Engine, EngineParts
 from sgjit.runtime.profiling import TraceWindow
 from sgjit.runtime.request import PrefixHandle, Request, new_request_id
 from sgjit.runtime.result import GenerateResult, RequestUpdate
-from sgjit.runtime.sampling_params import SamplingParams
+from sgjit.runtime.sampling_params import MAX_SAMPLES_PER_PROMPT, SamplingParams
 from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
-
-MAX_SAMPLES_PER_PROMPT = 128
 
 
 class Runtime:

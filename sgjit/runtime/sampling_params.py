@@ -14,8 +14,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sgjit.errors import InvalidRequestError
+from sgjit.runtime.text_input import check_text
 
 Convert = Callable[[str, Any], Any]
+
+# SGLang's sampling_params.n, read by Runtime.make_requests: samples of one prompt. The hard ceiling
+# of the library; a server may set a lower one (sgjit serve --max-n).
+MAX_SAMPLES_PER_PROMPT = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +65,15 @@ def _bool(key: str, v: Any) -> bool:
 def _str(key: str, v: Any) -> str:
     if not isinstance(v, str):
         raise InvalidRequestError(f"sampling parameter {key!r} must be a string, got {type(v).__name__}", key)
-    return v
+    return check_text(v, f"sampling parameter {key!r}", key)
 
 
 def _str_list(key: str, v: Any) -> list[str]:
     if isinstance(v, str):
-        return [v]
+        v = [v]
     if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) for s in v):
         raise InvalidRequestError(f"sampling parameter {key!r} must be a string or a list of strings", key)
-    return list(v)
+    return [check_text(s, f"sampling parameter {key!r}", key) for s in v]
 
 
 def _int_list(key: str, v: Any) -> list[int]:
@@ -81,6 +86,7 @@ def _int_list(key: str, v: Any) -> list[int]:
 
 def _schema(key: str, v: Any) -> str:
     if isinstance(v, dict):
+        _check_strings(v, key)
         return json.dumps(v)
     text = _str(key, v)
     try:
@@ -88,6 +94,19 @@ def _schema(key: str, v: Any) -> str:
     except json.JSONDecodeError as e:
         raise InvalidRequestError(f"json_schema is not valid JSON: {e}", key) from e
     return text
+
+
+def _check_strings(value: Any, key: str) -> None:
+    """Every key and string in a parsed JSON value (json.dumps would hide a NUL as \\u0000)."""
+    if isinstance(value, str):
+        check_text(value, key, key)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, key)
+            _check_strings(v, key)
+    elif isinstance(value, list):
+        for v in value:
+            _check_strings(v, key)
 
 
 def _logit_bias(key: str, v: Any) -> dict[int, float]:

@@ -10,9 +10,18 @@ from typing import Any
 
 from sgjit.errors import InvalidRequestError
 from sgjit.runtime.config import RuntimeConfig
+from sgjit.runtime.sampling_params import MAX_SAMPLES_PER_PROMPT
 from sgjit.server.tool_formats import PARSER_CHOICES
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# (ServerArgs field, lowest, highest value its flag takes)
+LIMIT_RANGES: tuple[tuple[str, int, int], ...] = (
+    ("max_top_logprobs", 0, 1 << 20),
+    ("max_n", 1, MAX_SAMPLES_PER_PROMPT),
+    ("max_stop_strings", 0, 1 << 16),
+    ("max_stop_length", 1, 1 << 20),
+    ("max_stop_token_ids", 0, 1 << 16),
+)
 
 
 @dataclass(slots=True)
@@ -27,6 +36,13 @@ class ServerArgs:
     drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
     profile_dir: str | None = None  # where /start_profile + /stop_profile write Chrome traces
     tool_call_parser: str = "auto"  # how tool calls are written: auto (from the chat template) or a format
+    # Per-request caps (enforced by sgjit.server.limits): what one client may ask of the shared engine.
+    # Each bounds work or response size that grows with the value, so one request cannot stall others.
+    max_top_logprobs: int = 20  # top logprobs per token: the response grows by this x tokens x prompt
+    max_n: int = MAX_SAMPLES_PER_PROMPT  # samples per prompt (n); the runtime never takes more
+    max_stop_strings: int = 16  # stop strings, and stop regexes, per request (each is matched per token)
+    max_stop_length: int = 256  # characters per stop string or stop regex
+    max_stop_token_ids: int = 64  # stop_token_ids per request
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -44,8 +60,18 @@ class ServerArgs:
             raise InvalidRequestError(
                 f"--tool-call-parser must be one of {', '.join(PARSER_CHOICES)}", "tool_call_parser"
             )
+        for name, low, high in LIMIT_RANGES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidRequestError(
+                    f"--{name.replace('_', '-')} must be an integer in [{low}, {high}]", name
+                )
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
+
+    def limits(self) -> dict[str, int]:
+        """The per-request caps, as /get_server_info lists them."""
+        return {name: getattr(self, name) for name, _, _ in LIMIT_RANGES}
 
     def public_dict(self) -> dict[str, Any]:
         """The arguments as /get_server_info shows them: the API key itself never leaves the process."""
@@ -135,6 +161,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="enable POST /start_profile and /stop_profile, writing torch.profiler Chrome traces here",
     )
+    for name, help_ in _LIMIT_HELP.items():
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=int, default=getattr(server, name), help=f"{help_} (default: %(default)s)")
+
+
+_LIMIT_HELP = {
+    "max_top_logprobs": "most top logprobs per token a request may ask for (top_logprobs_num, top_logprobs, "
+    "logprobs)",
+    "max_n": f"most samples per prompt a request may ask for (n; at most {MAX_SAMPLES_PER_PROMPT})",
+    "max_stop_strings": "most stop strings (and, separately, stop regexes) per request",
+    "max_stop_length": "longest stop string or stop regex, in characters",
+    "max_stop_token_ids": "most stop_token_ids per request",
+}
 
 
 def _with_default(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
@@ -157,4 +196,5 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         drain_timeout=ns.drain_timeout,
         profile_dir=ns.profile_dir,
         tool_call_parser=ns.tool_call_parser,
+        **{name: getattr(ns, name) for name, _, _ in LIMIT_RANGES},
     )

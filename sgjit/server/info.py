@@ -114,6 +114,7 @@ def server_info(state: ServerState) -> dict[str, Any]:
         "phase": state.phase.value,
         "uptime_s": time.time() - state.started_at,
         "server_args": state.args.public_dict(),
+        "request_limits": state.args.limits(),
         "device": str(rt.device),
         "arch": device_arch(profile),
         "arch_hash": arch_hash(profile),

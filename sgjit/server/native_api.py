@@ -19,6 +19,7 @@ from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import unavailable
 from sgjit.server.info import model_info, server_info
+from sgjit.server.limits import check_generate_n, check_requests
 from sgjit.server.protocol import GenerateRequest, GenerateResult
 from sgjit.server.sse import DONE, SSEResponse, sse
 from sgjit.server.state import Phase, accepting_runtime, server_state
@@ -45,6 +46,8 @@ async def generate(
                 "send text (describe the media), or use a vision-language model server",
                 field,
             )
+    args = server_state(request).args
+    check_generate_n(args, body.sampling_params)
     reqs, batched = await run_in_threadpool(
         rt.make_requests,
         body.text,
@@ -55,6 +58,7 @@ async def generate(
         top_logprobs_num=body.top_logprobs_num,
         return_text_in_logprobs=body.return_text_in_logprobs,
     )
+    check_requests(args, reqs, "top_logprobs_num")
     group = RequestGroup(server_state(request), reqs).submit()
     if body.stream:
         return SSEResponse(generate_events(group, batched), group)

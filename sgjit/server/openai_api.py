@@ -13,6 +13,7 @@ from sgjit.runtime.result import GenerateResult
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import ApiError
+from sgjit.server.limits import check_n, check_requests
 from sgjit.server.openai_output import chat_response, completion_response
 from sgjit.server.openai_params import Job, chat_job, completion_job
 from sgjit.server.openai_stream import ChatChunks, CompletionChunks, openai_events
@@ -85,7 +86,11 @@ async def _respond(
     the choices as OpenAI chunks or answer once all have finished."""
     state = server_state(request)
     model = _check_model(state, body)
+    check_n(state.args, body.n)
     job = await run_in_threadpool(make_job)
+    check_requests(
+        state.args, job.reqs, "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+    )
     group = await _start(state, job, request)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -5,13 +5,13 @@ lives in one place."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, create_model, model_serializer
 
 from sgjit.runtime.sampling_params import KNOBS, OPENAI_KEYS
 
-MAX_N = 128  # choices per request: enough for best-of sampling, small enough to refuse abuse
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limits
 MAX_COMPLETION_LOGPROBS = 5
 
@@ -23,7 +23,8 @@ class Lenient(BaseModel):
 # ----- /generate -----
 class GenerateRequest(Lenient):
     text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    # token ids must be JSON integers: lax mode would take true, 1.0 or "7" as ids
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     return_logprob: bool = False
     logprob_start_len: int = -1
@@ -108,12 +109,25 @@ class ResponseFormat(Lenient):
     json_schema: JsonSchemaSpec | None = None
 
 
+def _strict(tp: Any) -> Any:
+    """`tp` with every scalar in it strict (pydantic cannot make a whole union strict at once)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_strict(a) for a in args)]  # noqa: UP007 - built from a tuple
+    if origin is list:
+        return list[_strict(args[0])]  # type: ignore[misc]
+    if origin is dict:
+        return dict[args[0], _strict(args[1])]  # type: ignore[misc]
+    return Annotated[tp, Strict()] if tp in (int, float, bool, str) else tp
+
+
 # The sampling fields of OpenAI requests (OpenAI's own and the extras SGLang and vLLM accept), one
-# per `SamplingParams` knob offered there; None leaves sgjit's default.
+# per `SamplingParams` knob offered there; None leaves sgjit's default. Strict: "0.5" is not a
+# temperature nor true a top_k (`SamplingParams` refuses those on /generate too).
 OpenAISamplingFields = create_model(
     "OpenAISamplingFields",
     __base__=Lenient,
-    **{name: (KNOBS[key].accepts | None, None) for name, key in OPENAI_KEYS.items()},
+    **{name: (_strict(KNOBS[key].accepts) | None, None) for name, key in OPENAI_KEYS.items()},
 )
 
 
@@ -121,7 +135,7 @@ class OpenAISampling(OpenAISamplingFields):  # type: ignore[misc, valid-type]
     """Fields chat and text completions share."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: StrictInt = Field(1, ge=1)  # the cap is the server's --max-n (sgjit.server.limits)
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -143,7 +157,7 @@ class ChatCompletionRequest(OpenAISampling):
 
 
 class CompletionRequest(OpenAISampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False

@@ -11,7 +11,8 @@ from typing import Any
 
 import tokenizers
 
-from sgjit.errors import InvalidRequestError, ModelFormatError
+from sgjit.errors import ModelFormatError
+from sgjit.runtime.text_input import check_text
 from sgjit.runtime.tokenizer.chat_template import ChatTemplate
 
 
@@ -55,13 +56,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`. Special-token text in it (e.g. `<|im_start|>`) maps to its id; with
         `add_special_tokens`, BOS is prepended where the model asks for it."""
-        try:
-            ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        except TypeError as e:  # e.g. a lone UTF-16 surrogate, which a JSON string can carry
-            raise InvalidRequestError(
-                f"the text cannot be tokenized ({e}); send valid Unicode (no lone surrogates like \\ud800)",
-                "prompt",
-            ) from e
+        ids = self.backend.encode(
+            check_text(text, "the prompt", "prompt"), add_special_tokens=add_special_tokens
+        ).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]
