@@ -23,8 +23,14 @@ class ServerArgs:
     served_model_name: str | None = None
     api_key: str | None = None
     log_level: str = "info"
-    drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
+    # Seconds running requests may take to finish after SIGTERM / Ctrl-C. Under 10 s because container
+    # runtimes (Docker's `stop`, Kubernetes' default grace period less its preStop slack) send SIGKILL
+    # 10 s after SIGTERM: a longer drain would be cut short there without the streams' error events.
+    drain_timeout: float = 8.0
     profile_dir: str | None = None  # where /start_profile + /stop_profile write Chrome traces
+    max_request_bytes: int = 16 * 1024 * 1024  # a larger request body gets 413
+    max_connections: int = 4096  # open HTTP connections; more are closed on accept (kept under the fd limit)
+    header_timeout: float = 10.0  # seconds a connection may take to send a whole request head
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -38,6 +44,12 @@ class ServerArgs:
             )
         if self.drain_timeout < 0:
             raise InvalidRequestError("--drain-timeout must be >= 0 seconds", "drain_timeout")
+        if self.max_request_bytes < 1024:
+            raise InvalidRequestError("--max-request-bytes must be at least 1024", "max_request_bytes")
+        if self.max_connections < 1:
+            raise InvalidRequestError("--max-connections must be at least 1", "max_connections")
+        if self.header_timeout <= 0:
+            raise InvalidRequestError("--header-timeout must be > 0 seconds", "header_timeout")
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
 
@@ -108,13 +120,34 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: no key)",
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: no key)",
     )
     p.add_argument(
         "--drain-timeout",
         type=float,
         default=server.drain_timeout,
-        help="on SIGTERM / Ctrl-C, seconds running requests may take to finish (default: %(default)s)",
+        help="on SIGTERM / Ctrl-C, seconds running requests may take to finish; under the usual 10 s a "
+        "container runtime waits before SIGKILL; a second signal stops at once (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=server.max_request_bytes,
+        help="largest request body; a larger one gets 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=server.max_connections,
+        help="open HTTP connections at once; further ones are closed as they arrive. Lowered at start to "
+        "fit the process's open-file limit (default: %(default)s)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=server.header_timeout,
+        help="seconds a connection may stay open without sending a complete request head, idle or "
+        "half-sent (default: %(default)s)",
     )
     p.add_argument("--log-level", default=server.log_level, choices=LOG_LEVELS, help="(default: %(default)s)")
     p.add_argument(
@@ -143,4 +176,7 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         log_level=ns.log_level,
         drain_timeout=ns.drain_timeout,
         profile_dir=ns.profile_dir,
+        max_request_bytes=ns.max_request_bytes,
+        max_connections=ns.max_connections,
+        header_timeout=ns.header_timeout,
     )
