@@ -131,7 +131,9 @@ class PlanRuns:
         self._closed = False
         state.groups.add(self)
 
-    def start(self, plan: GraphPlan, defaults: RunDefaults, bound: list[dict[str, str]]) -> list[ProgramState]:
+    def start(
+        self, plan: GraphPlan, defaults: RunDefaults, bound: list[dict[str, str]]
+    ) -> list[ProgramState]:
         """Started together, their requests batch in the engine."""
         for values in bound:
             self.states.append(start_run(self.backend, defaults, True, plan, values, None, plan.name))
