@@ -106,6 +106,7 @@ def test_health_stays_fast_during_a_flood_of_huge_prompts(live):
         for t in threads:
             t.join()
     assert set(codes) <= {400, 413} and 413 in codes and 400 in codes
+    print(f"/health during the flood: median {statistics.median(probes):.1f} ms, max {max(probes):.1f} ms")
     assert statistics.median(probes) < 500, probes  # the requirement is 100 ms; x5 for a shared CI machine
 
 
