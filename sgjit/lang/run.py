@@ -57,7 +57,7 @@ def start_run(
         if run is not None:
             run.error = error
             run.events.close(error)
-            run.finished.set()
+            run.finish()
         elif error is not None:
             raise error
 

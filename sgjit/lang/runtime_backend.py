@@ -15,10 +15,10 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from sgjit.compiler.jit import PlanJit
-from sgjit.errors import ProgramError
+from sgjit.errors import ProgramError, RequestAbortedError
 from sgjit.lang.backend import GenOutput, GenStep, OnText, ProgramSequence
 from sgjit.runtime.output import stream_meta_info
-from sgjit.runtime.request import PrefixHandle
+from sgjit.runtime.request import PrefixHandle, Request
 from sgjit.runtime.result import LogprobEntry, RequestUpdate
 from sgjit.runtime.runtime import Runtime
 from sgjit.runtime.sampling_params import SamplingParams
@@ -31,11 +31,51 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class RunAbort:
+    """Stops one program run from another thread (the server's, when its client disconnects or the
+    drain times out): the engine requests of its sequences that are running are aborted, and any
+    step after that fails at once with `RequestAbortedError`, so the program ends without running on."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._lock = threading.Lock()
+        self._running: set[str] = set()
+        self.aborted = False
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            running = list(self._running)
+        for rid in running:
+            self._rt.abort(rid)
+
+    def submit(self, req: Request, sink: Any) -> None:
+        """`runtime.submit`, unless the run has been aborted."""
+        with self._lock:
+            if self.aborted:
+                raise RequestAbortedError("the program run was aborted")
+            self._running.add(req.rid)
+        self._rt.submit(req, sink)
+        if self.aborted:  # aborted between the check and the engine seeing the request
+            self._rt.abort(req.rid)
+
+    def finished(self, req: Request) -> None:
+        with self._lock:
+            self._running.discard(req.rid)
+
+
 class RuntimeSequence:
-    def __init__(self, runtime: Runtime, handle: PrefixHandle | None = None, protected: bool = False) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        handle: PrefixHandle | None = None,
+        protected: bool = False,
+        abort: RunAbort | None = None,
+    ) -> None:
         self._rt = runtime
         self._handle = handle  # pages of the last step, held for the next
         self._protected = protected  # a compiled plan's run: its steps are never preempted for others
+        self._abort = abort
 
     def prefill(self, input_ids: list[int]) -> None:
         self.generate(GenStep(input_ids, SamplingParams(max_new_tokens=0)))
@@ -46,7 +86,10 @@ class RuntimeSequence:
             release_on_admit=self._handle, protected=self._protected,
         )  # fmt: skip
         updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
-        self._rt.submit(req, updates.put)
+        if self._abort is not None:
+            self._abort.submit(req, updates.put)
+        else:
+            self._rt.submit(req, updates.put)
         self._handle = None  # the engine releases it when the request is admitted (or fails)
         streamed = sent = 0  # output tokens so far; of them, those whose logprobs went out with text
         while True:
@@ -57,6 +100,8 @@ class RuntimeSequence:
                 sent = streamed
             if update.finished:
                 break
+        if self._abort is not None:
+            self._abort.finished(req)
         if update.error is not None:
             raise update.error
         self._handle = update.handle
@@ -64,6 +109,8 @@ class RuntimeSequence:
         return GenOutput(update.result.text, update.result.meta_info())
 
     def score(self, prompts: list[list[int]], starts: list[int]) -> list[list[LogprobEntry]]:
+        if self._abort is not None and self._abort.aborted:  # scoring is one short prefill: not tracked
+            raise RequestAbortedError("the program run was aborted")
         reqs = [
             self._rt.make_request(p, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=s)
             for p, s in zip(prompts, starts)
@@ -73,7 +120,7 @@ class RuntimeSequence:
 
     def fork(self) -> RuntimeSequence:
         handle = self._rt.share_prefix(self._handle) if self._handle is not None else None
-        return RuntimeSequence(self._rt, handle, self._protected)
+        return RuntimeSequence(self._rt, handle, self._protected, self._abort)
 
     def close(self) -> None:
         if self._handle is not None:
@@ -125,6 +172,10 @@ class RuntimeBackend:
     def open_sequence(self, protected: bool = False) -> ProgramSequence:
         return RuntimeSequence(self.runtime, protected=protected)
 
+    def abortable(self, abort: RunAbort) -> AbortableBackend:
+        """This backend for one run that `abort` can stop."""
+        return AbortableBackend(self, abort)
+
     def compile(self, plan: GraphPlan) -> CompiledPlan | None:
         """The runtime's compiled plan (None when its JIT is off: the plan then runs uncompiled)."""
         return self.jit.compile(plan) if self.jit is not None else None
@@ -154,3 +205,17 @@ class RuntimeBackend:
     def invalidate_plan(self, plan_hash: str) -> None:
         dropped = self.jit.invalidate(plan_hash) if self.jit is not None else 0
         log.debug("plan %s invalidated (%d compiled entries dropped)", plan_hash, dropped)
+
+
+class AbortableBackend:
+    """A `RuntimeBackend` whose sequences answer to one `RunAbort`; everything else is the backend's."""
+
+    def __init__(self, backend: RuntimeBackend, abort: RunAbort) -> None:
+        self._backend = backend
+        self.run_abort = abort
+
+    def open_sequence(self, protected: bool = False) -> ProgramSequence:
+        return RuntimeSequence(self._backend.runtime, protected=protected, abort=self.run_abort)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

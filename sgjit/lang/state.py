@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
 from sgjit.compiler.nodes import JOIN_MODES, Node, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
@@ -42,6 +42,24 @@ class RunHandle:
         self.finished = threading.Event()
         self.error: BaseException | None = None
         self.driver: threading.Thread | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """`fn()` once the program has finished (at once if it has), on the driver's thread: lets an
+        event loop await a run without a thread blocked on `finished`."""
+        with self._lock:
+            if not self.finished.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def finish(self) -> None:
+        with self._lock:
+            self.finished.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
 
     def wait(self) -> None:
         """Outside the program, a streaming state's values are read once the program has finished."""
@@ -125,6 +143,10 @@ class ProgramState:
         return None
 
     # ----- reading it -----
+    def run_handle(self) -> RunHandle | None:
+        """How to learn when a streaming run has finished (None for a run that had finished on return)."""
+        return self._run
+
     def _ready(self) -> ProgramSink:
         if self._run is not None:
             self._run.wait()

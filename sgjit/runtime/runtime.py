@@ -23,6 +23,12 @@ from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 
+# More characters than any real tokenizer packs into one token on average (BPE vocabularies of
+# English text average ~4; the longest merges of whitespace or repeated symbols reach ~16-32 only as
+# single tokens, never as a whole prompt's mean). A prompt over max_model_len times this many
+# characters therefore cannot fit, and is refused without spending seconds tokenizing megabytes.
+CHARS_PER_TOKEN_BOUND = 32
+
 
 class Runtime:
     """A model served in this process. `Runtime()` loads the bundled SmolLM2-135M-Instruct on the GPU
@@ -132,7 +138,19 @@ class Runtime:
     def encode_prompt(self, prompt: Any) -> list[int]:
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
+        self.check_prompt_chars(len(prompt))
         return self.tokenizer.encode(prompt)
+
+    def check_prompt_chars(self, chars: int) -> None:
+        """The cheap bound checked before tokenizing: raises `ContextLengthError` for a text that
+        cannot fit the context whatever the tokenizer makes of it."""
+        limit = self.max_model_len * CHARS_PER_TOKEN_BOUND
+        if chars > limit:
+            raise ContextLengthError(
+                f"the prompt has {chars} characters, more than this runtime's context of {self.max_model_len} "
+                f"tokens can hold at any tokenization (limit {limit} characters); shorten the prompt",
+                "prompt",
+            )
 
     def submit(self, req: Request, sink: Any) -> None:
         """Hand a request to the engine; `sink(update)` is then called on the engine thread with every

@@ -33,7 +33,10 @@ class ServerArgs:
     served_model_name: str | None = None
     api_key: str | None = None
     log_level: str = "info"
-    drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
+    # Seconds running requests may take to finish after SIGTERM / Ctrl-C. Under 10 s because container
+    # runtimes (Docker's `stop`, Kubernetes' default grace period less its preStop slack) send SIGKILL
+    # 10 s after SIGTERM: a longer drain would be cut short there without the streams' error events.
+    drain_timeout: float = 8.0
     profile_dir: str | None = None  # where /start_profile + /stop_profile write Chrome traces
     tool_call_parser: str = "auto"  # how tool calls are written: auto (from the chat template) or a format
     # Per-request caps (enforced by sgjit.server.limits): what one client may ask of the shared engine.
@@ -43,6 +46,9 @@ class ServerArgs:
     max_stop_strings: int = 16  # stop strings, and stop regexes, per request (each is matched per token)
     max_stop_length: int = 256  # characters per stop string or stop regex
     max_stop_token_ids: int = 64  # stop_token_ids per request
+    max_request_bytes: int = 16 * 1024 * 1024  # a larger request body gets 413
+    max_connections: int = 4096  # open HTTP connections; more are closed on accept (kept under the fd limit)
+    header_timeout: float = 10.0  # seconds a connection may take to send a whole request head
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -66,6 +72,12 @@ class ServerArgs:
                 raise InvalidRequestError(
                     f"--{name.replace('_', '-')} must be an integer in [{low}, {high}]", name
                 )
+        if self.max_request_bytes < 1024:
+            raise InvalidRequestError("--max-request-bytes must be at least 1024", "max_request_bytes")
+        if self.max_connections < 1:
+            raise InvalidRequestError("--max-connections must be at least 1", "max_connections")
+        if self.header_timeout <= 0:
+            raise InvalidRequestError("--header-timeout must be > 0 seconds", "header_timeout")
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
 
@@ -140,13 +152,34 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: no key)",
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: no key)",
     )
     p.add_argument(
         "--drain-timeout",
         type=float,
         default=server.drain_timeout,
-        help="on SIGTERM / Ctrl-C, seconds running requests may take to finish (default: %(default)s)",
+        help="on SIGTERM / Ctrl-C, seconds running requests may take to finish; under the usual 10 s a "
+        "container runtime waits before SIGKILL; a second signal stops at once (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=server.max_request_bytes,
+        help="largest request body; a larger one gets 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=server.max_connections,
+        help="open HTTP connections at once; further ones are closed as they arrive. Lowered at start to "
+        "fit the process's open-file limit (default: %(default)s)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=server.header_timeout,
+        help="seconds a connection may stay open without sending a complete request head, idle or "
+        "half-sent (default: %(default)s)",
     )
     p.add_argument("--log-level", default=server.log_level, choices=LOG_LEVELS, help="(default: %(default)s)")
     p.add_argument(
@@ -197,4 +230,7 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         profile_dir=ns.profile_dir,
         tool_call_parser=ns.tool_call_parser,
         **{name: getattr(ns, name) for name, _, _ in LIMIT_RANGES},
+        max_request_bytes=ns.max_request_bytes,
+        max_connections=ns.max_connections,
+        header_timeout=ns.header_timeout,
     )

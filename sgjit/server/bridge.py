@@ -119,7 +119,7 @@ class RequestGroup:
         collect = asyncio.ensure_future(self._collect())
         if http is None:
             return await collect
-        watch = asyncio.ensure_future(_wait_for_disconnect(http))
+        watch = asyncio.ensure_future(wait_for_disconnect(http))
         try:
             await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -138,7 +138,7 @@ class RequestGroup:
         return [r for r in out if r is not None]
 
 
-async def _wait_for_disconnect(http: HttpRequest) -> None:
+async def wait_for_disconnect(http: HttpRequest) -> None:
     """Returns when the client closes the connection (the body has been read by then, so the only
     message left to receive is the disconnect)."""
     while (await http.receive())["type"] != "http.disconnect":

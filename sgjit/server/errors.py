@@ -6,6 +6,7 @@ in the same shape, so a client never sees a bare stack trace or a non-JSON body.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +73,22 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, StarletteHTTPException):
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return ApiError(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
-    log.error("unexpected error while serving a request", exc_info=exc)
-    return ApiError(500, f"internal server error ({type(exc).__name__}: {exc})", "server_error")
+    return internal_error(exc, "a request")
+
+
+def internal_error(exc: BaseException, what: str) -> ApiError:
+    """A 500 that tells the client nothing of the server's insides (exception text can hold paths,
+    prompts of other requests or library versions) but names the id under which the log holds the
+    traceback."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("unexpected error serving %s (request id %s)", what, request_id, exc_info=exc)
+    return ApiError(
+        500,
+        f"internal server error (request id {request_id}); the server log has the details under this id",
+        "server_error",
+        code="internal_error",
+        headers={"X-Request-Id": request_id},
+    )
 
 
 def _validation_error(exc: RequestValidationError) -> ApiError:
@@ -109,8 +124,9 @@ def install_error_handlers(app: FastAPI) -> None:
             log.info("%s %s -> %d: %s", request.method, request.url.path, error.status, error.message)
         return error.response()
 
-    # NOTE: the classes raised on purpose are listed one by one: starlette answers them directly,
-    # whereas what only the `Exception` entry catches is answered and then re-raised for the logs.
+    # NOTE: no `Exception` entry: starlette would hand that one to its ServerErrorMiddleware, which
+    # answers and then re-raises, closing a keep-alive connection; `InternalErrorMiddleware` answers
+    # the unforeseen instead.
     known = (ApiError, ClientDisconnected, E.SgjitError, RequestValidationError, StarletteHTTPException)
-    for kind in (*known, Exception):
+    for kind in known:
         app.add_exception_handler(kind, handle)

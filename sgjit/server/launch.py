@@ -1,6 +1,6 @@
 """`sgjit serve`: bind, load and warm up the model while /health answers 503, log one ready line,
 serve; on SIGTERM / Ctrl-C drain (no new work, /health 503, running requests finish within
---drain-timeout) and exit 0. A second Ctrl-C exits at once."""
+--drain-timeout) and exit 0. A second SIGTERM or Ctrl-C exits at once."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from sgjit.runtime.model.presets import RANDOM_PREFIX
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.app import create_app
 from sgjit.server.args import ServerArgs
+from sgjit.server.connections import AcceptErrorFilter, connection_cap, guarded_h11, raise_fd_limit
 from sgjit.server.info import ready_line
 from sgjit.server.state import ServerState
 
@@ -29,6 +30,7 @@ log = logging.getLogger("sgjit.server")
 WARMUP_PROMPT = "Hello"
 LISTEN_BACKLOG = 2048
 UVICORN_GRACE_S = 1.0  # after the drain deadline: for aborted streams to end, then for uvicorn's own wait
+KEEP_ALIVE_S = 30  # idle time between requests; above the 5-10 s idle timeouts of common client pools
 
 
 class DrainingServer(uvicorn.Server):
@@ -48,11 +50,16 @@ class DrainingServer(uvicorn.Server):
             self.drain_deadline = time.monotonic() + self.state.args.drain_timeout
             self.state.begin_drain()
             log.info(
-                "%s: draining %d request(s) (up to %.0f s; Ctrl-C again to stop now)",
+                "%s: draining %d request(s) (up to %.0f s; a second signal stops now)",
                 signal.Signals(sig).name, len(self.state.groups), self.state.args.drain_timeout,
             )  # fmt: skip
-        elif sig == signal.SIGINT:
+        else:  # a second signal, SIGTERM as well as Ctrl-C: an orchestrator that repeats itself means it
+            log.warning("%s again: stopping now", signal.Signals(sig).name)
             self.should_exit = self.force_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(AcceptErrorFilter())
+        await super().startup(sockets=sockets)
 
     async def on_tick(self, counter: int) -> bool:
         """Every 0.1 s: once nothing is in flight, exit; at the deadline, abort what still runs (its
@@ -97,13 +104,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def uvicorn_config(app, args: ServerArgs) -> uvicorn.Config:
+    """uvicorn's settings, with the h11 protocol (pinned, so the connection guards always apply)
+    capping connections under the fd limit and timing out request heads. No `limit_concurrency`:
+    it answers 503 per request but still accepts every connection, which the cap does instead."""
+    cap = connection_cap(args.max_connections, raise_fd_limit())
     return uvicorn.Config(
         app,
+        http=guarded_h11(cap, args.header_timeout, KEEP_ALIVE_S),
         log_config=None,
         access_log=args.log_level == "debug",
         lifespan="off",
         timeout_graceful_shutdown=UVICORN_GRACE_S,
-        timeout_keep_alive=30,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 

@@ -4,6 +4,8 @@ client (`sgjit.RuntimeEndpoint`) the model's tokenizer so it tokenizes exactly a
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +17,25 @@ from sgjit.server.state import server_state
 
 router = APIRouter(tags=["profile"])
 
+# A trace name becomes a file name inside --profile-dir: letters, digits, '.', '_' and '-', not
+# starting with '.', so neither '../x', 'a/b', an absolute path nor a hidden file can be named.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+
+
+def confined_profile_name(profile_dir: str, name: str | None) -> str | None:
+    """`name` if its trace file lies inside `profile_dir`; else a 400."""
+    if name is None:
+        return None
+    bad = ApiError(400, "name: use 1-128 letters, digits, '.', '_' or '-' (no path, not starting with '.')",
+                   param="name", code="invalid_value")  # fmt: skip
+    if not PROFILE_NAME.fullmatch(name):
+        raise bad
+    root = Path(profile_dir).resolve()
+    # belt and braces: a symlink already in the directory must not lead the trace out of it
+    if not (root / f"{name}.trace.json").resolve().is_relative_to(root):
+        raise bad
+    return name
+
 
 @router.post("/start_profile")
 async def start_profile(request: Request, body: ProfileRequest | None = None) -> dict[str, Any]:
@@ -23,8 +44,9 @@ async def start_profile(request: Request, body: ProfileRequest | None = None) ->
         raise ApiError(
             400, "profiling is off; start the server with --profile-dir DIR", code="profiling_disabled"
         )
+    name = confined_profile_name(state.args.profile_dir, body.name if body else None)
     rt = state.loaded()
-    await run_in_threadpool(rt.start_profile, state.args.profile_dir, body.name if body else None)
+    await run_in_threadpool(rt.start_profile, state.args.profile_dir, name)
     return {"profiling": True, "dir": state.args.profile_dir}
 
 

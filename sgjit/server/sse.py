@@ -19,8 +19,18 @@ log = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
 
 
+# JSON allows these raw inside strings, but readers that split lines the way Python's str.splitlines
+# does (httpx `iter_lines`) end a line at each, cutting an event in two. Their UTF-8 forms start with a
+# lead byte, so a byte match never hits the middle of another character.
+_LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b"\xc2\x85", b"\\u0085"))
+
+
 def sse(payload: str | bytes) -> bytes:
-    return b"data: " + (payload.encode() if isinstance(payload, str) else payload) + b"\n\n"
+    """One event of a JSON payload, with the Unicode line breaks JSON leaves raw escaped."""
+    data = payload.encode() if isinstance(payload, str) else payload
+    for raw, escaped in _LINE_BREAKS:
+        data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 def sse_error(exc: BaseException) -> bytes:

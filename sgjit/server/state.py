@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 
@@ -19,7 +19,13 @@ from sgjit.server.metrics import ServerMetrics
 if TYPE_CHECKING:
     from sgjit.compiler.plan import GraphPlan
     from sgjit.runtime.runtime import Runtime
-    from sgjit.server.bridge import RequestGroup
+
+
+class InFlight(Protocol):
+    """Work one HTTP call started (a `RequestGroup`, a plan route's `PlanRuns`): the drain waits for
+    it to leave `ServerState.groups` and aborts it at the deadline."""
+
+    def abort(self) -> None: ...
 
 
 class Phase(enum.Enum):
@@ -35,7 +41,7 @@ class ServerState:
     args: ServerArgs
     runtime: Runtime | None = None
     phase: Phase = Phase.STARTING
-    groups: set[RequestGroup] = field(default_factory=set)  # in flight (a stream until its last byte)
+    groups: set[InFlight] = field(default_factory=set)  # in flight (a stream until its last byte)
     plans: dict[str, GraphPlan] = field(default_factory=dict)  # registered through POST /plans, by hash
     started_at: float = field(default_factory=time.time)
     metrics: ServerMetrics = field(init=False)
