@@ -148,13 +148,16 @@ class PlanRuns:
             st.run_handle().add_done_callback(lambda d=done: loop.call_soon_threadsafe(_resolve, d))
             waits.append(done)
         watch = asyncio.ensure_future(wait_for_disconnect(http))
+        pending = set(waits)
         try:
-            all_done = asyncio.gather(*waits)
-            await asyncio.wait({all_done, watch}, return_when=asyncio.FIRST_COMPLETED)
+            while pending and not watch.done():
+                await asyncio.wait({*pending, watch}, return_when=asyncio.FIRST_COMPLETED)
+                pending = {w for w in waits if not w.done()}
         finally:
             watch.cancel()
-        if not all_done.done():
-            all_done.cancel()
+        if pending:
+            for w in pending:
+                w.cancel()
             raise ClientDisconnected()
 
     def abort(self) -> None:
