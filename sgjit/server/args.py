@@ -12,6 +12,11 @@ from sgjit.errors import InvalidRequestError
 from sgjit.runtime.config import RuntimeConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+REASONING_PARSER_CHOICES = ("auto", "none", "deepseek-r1", "qwen3")
+# A chat request without max_tokens stops here (or at the end of the context, if sooner). 1024
+# tokens (~750 words) is more than a chat answer usually needs, yet bounds a forgotten max_tokens
+# to a minute or two of CPU decoding (a chat left to fill the context ran past 300 s on CPU).
+MAX_NEW_TOKENS_DEFAULT = 1024
 
 
 @dataclass(slots=True)
@@ -25,6 +30,8 @@ class ServerArgs:
     log_level: str = "info"
     drain_timeout: float = 30.0  # seconds running requests may take to finish after SIGTERM / Ctrl-C
     profile_dir: str | None = None  # where /start_profile + /stop_profile write Chrome traces
+    max_new_tokens_default: int = MAX_NEW_TOKENS_DEFAULT  # cap of a chat request without max_tokens; 0: none
+    reasoning_parser: str = "auto"  # auto: from the chat template (<think> tags); none: off
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -38,6 +45,15 @@ class ServerArgs:
             )
         if self.drain_timeout < 0:
             raise InvalidRequestError("--drain-timeout must be >= 0 seconds", "drain_timeout")
+        if self.max_new_tokens_default < 0:
+            raise InvalidRequestError(
+                "--max-new-tokens-default must be >= 0 (0: no cap, the rest of the context)",
+                "max_new_tokens_default",
+            )
+        if self.reasoning_parser not in REASONING_PARSER_CHOICES:
+            raise InvalidRequestError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSER_CHOICES)}", "reasoning_parser"
+            )
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
 
@@ -122,6 +138,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="enable POST /start_profile and /stop_profile, writing torch.profiler Chrome traces here",
     )
+    p.add_argument(
+        "--max-new-tokens-default",
+        type=int,
+        default=server.max_new_tokens_default,
+        help="most tokens a chat request without max_tokens generates (it gets the rest of the context, "
+        "up to this); 0: no cap (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=server.reasoning_parser,
+        choices=REASONING_PARSER_CHOICES,
+        help="split <think>...</think> into the chat message's reasoning_content: deepseek-r1 (output starts "
+        "inside the block), qwen3 (the model opens it), auto (when the chat template has thinking tags), "
+        "none (default: %(default)s)",
+    )
 
 
 def _with_default(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
@@ -143,4 +174,6 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         log_level=ns.log_level,
         drain_timeout=ns.drain_timeout,
         profile_dir=ns.profile_dir,
+        max_new_tokens_default=ns.max_new_tokens_default,
+        reasoning_parser=ns.reasoning_parser,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from sgjit.runtime.request import Request
 from sgjit.runtime.result import GenerateResult, LogprobEntry
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.openai_output import chat_logprobs, completion_logprobs, finish_reason, new_id, now, usage
@@ -18,16 +19,27 @@ from sgjit.server.protocol import (
     CompletionResponse,
     Usage,
 )
+from sgjit.server.reasoning import ReasoningSplitter
 from sgjit.server.sse import DONE, sse
 
 Logprobs = tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]
 
 
 class ChatChunks:
-    def __init__(self, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, model: str, include_usage: bool, reasoning_parser: str | None = None, num_choices: int = 1
+    ) -> None:
         self.id, self.created, self.model = new_id("chatcmpl"), now(), model
         self.include_usage = include_usage
         self.exclude = None if include_usage else {"usage"}
+        self.splitters = (
+            [ReasoningSplitter.named(reasoning_parser) for _ in range(num_choices)]
+            if reasoning_parser
+            else None
+        )
+
+    def first(self, i: int, req: Request) -> bytes | None:
+        return None
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -40,21 +52,46 @@ class ChatChunks:
 
     def delta(self, i: int, text: str, logprobs: Logprobs | None) -> bytes:
         lp = chat_logprobs(*logprobs) if logprobs else None
-        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=text), logprobs=lp)])
+        return self._chunk([ChatChunkChoice(index=i, delta=self._split(i, text), logprobs=lp)])
+
+    def _split(self, i: int, text: str, final: bool = False) -> ChatDelta:
+        if self.splitters is None:
+            return ChatDelta(content=text)
+        reasoning, content = self.splitters[i].flush() if final else self.splitters[i].feed(text)
+        return ChatDelta(content=content or None, reasoning_content=reasoning or None)
 
     def finish(self, i: int, reason: str) -> bytes:
-        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
+        held = self._split(i, "", final=True) if self.splitters else ChatDelta()
+        return self._chunk([ChatChunkChoice(index=i, delta=held, finish_reason=reason)])
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
 
 class CompletionChunks:
-    def __init__(self, model: str, include_usage: bool, num_choices: int) -> None:
+    def __init__(self, model: str, include_usage: bool, num_choices: int, job: Job | None = None) -> None:
         self.id, self.created, self.model = new_id("cmpl"), now(), model
         self.include_usage = include_usage
         self.exclude = None if include_usage else {"usage"}
         self.text_offset = [0] * num_choices
+        self.job = job
+
+    def first(self, i: int, req: Request) -> bytes | None:
+        """With echo, the prompt (and its logprobs) as the choice's first chunk; by a choice's first
+        update the engine has prefilled the prompt, so its logprobs are there."""
+        if self.job is None or self.job.echo is None:
+            return None
+        text = self.job.echo[i // self.job.n]
+        self.text_offset[i] = len(text)
+        lp = None
+        if req.logprobs is not None:
+            lp = completion_logprobs(
+                req.logprobs.input_token_logprobs,
+                req.logprobs.input_top_logprobs if req.top_logprobs_num else None,
+                0,
+                prompt=True,
+            )
+        return self._chunk([CompletionChoice(index=i, text=text, logprobs=lp)])
 
     def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> bytes:
         chunk = CompletionResponse(
@@ -85,9 +122,14 @@ async def openai_events(
             yield opening
     sent = [0] * len(group.reqs)  # tokens of each choice streamed so far
     results: list[GenerateResult | None] = [None] * len(group.reqs)
+    started = [False] * len(group.reqs)
     async for i, u in group.updates():
         logprobs = None
         req = group.reqs[i]
+        if not started[i]:
+            started[i] = True
+            if (first := chunks.first(i, req)) is not None:
+                yield first
         if req.logprobs is not None and u.token_ids:
             # NOTE: read from the engine's request: its logprob lists only grow, and the entries of
             # these tokens were appended before the update was emitted.
