@@ -213,3 +213,32 @@ def test_retrieve_model(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve("gpt-4")
     assert e.value.body["code"] == "model_not_found"
+
+
+# ----- metrics -----
+def test_vllm_metric_series(client, server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(
+        model="smollm2-135m", prompt=PROMPT, max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
+    with server.client() as http:
+        text = http.get("/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    model = (("model_name", "smollm2-135m"),)
+
+    def value(name, **labels):
+        return samples[(name, tuple(sorted({**dict(model), **labels}.items())))]
+
+    assert value("vllm:prompt_tokens_total") > 0 and value("vllm:generation_tokens_total") >= 3
+    assert value("vllm:request_success_total", finished_reason="length") >= 1
+    assert value("vllm:num_requests_running") == 0 and value("vllm:num_requests_waiting") == 0
+    assert 0 <= value("vllm:kv_cache_usage_perc") == value("vllm:gpu_cache_usage_perc") <= 1
+    for hist in ("time_to_first_token", "e2e_request_latency"):
+        assert value(f"vllm:{hist}_seconds_count") >= 1
+    for hist in ("inter_token_latency", "time_per_output_token"):
+        assert value(f"vllm:{hist}_seconds_count") >= 2
+    assert ("sgjit_time_to_first_token_seconds_count", ()) in samples  # sgjit's own series stay
