@@ -22,6 +22,11 @@ LIMIT_RANGES: tuple[tuple[str, int, int], ...] = (
     ("max_stop_length", 1, 1 << 20),
     ("max_stop_token_ids", 0, 1 << 16),
 )
+REASONING_PARSER_CHOICES = ("auto", "none", "deepseek-r1", "qwen3")
+# A chat request without max_tokens stops here (or at the end of the context, if sooner). 1024
+# tokens (~750 words) is more than a chat answer usually needs, yet bounds a forgotten max_tokens
+# to a minute or two of CPU decoding (a chat left to fill the context ran past 300 s on CPU).
+MAX_NEW_TOKENS_DEFAULT = 1024
 
 
 @dataclass(slots=True)
@@ -49,6 +54,8 @@ class ServerArgs:
     max_request_bytes: int = 16 * 1024 * 1024  # a larger request body gets 413
     max_connections: int = 4096  # open HTTP connections; more are closed on accept (kept under the fd limit)
     header_timeout: float = 10.0  # seconds a connection may take to send a whole request head
+    max_new_tokens_default: int = MAX_NEW_TOKENS_DEFAULT  # cap of a chat request without max_tokens; 0: none
+    reasoning_parser: str = "auto"  # auto: from the chat template (<think> tags); none: off
 
     def __post_init__(self) -> None:
         if self.tp != 1:
@@ -78,6 +85,15 @@ class ServerArgs:
             raise InvalidRequestError("--max-connections must be at least 1", "max_connections")
         if self.header_timeout <= 0:
             raise InvalidRequestError("--header-timeout must be > 0 seconds", "header_timeout")
+        if self.max_new_tokens_default < 0:
+            raise InvalidRequestError(
+                "--max-new-tokens-default must be >= 0 (0: no cap, the rest of the context)",
+                "max_new_tokens_default",
+            )
+        if self.reasoning_parser not in REASONING_PARSER_CHOICES:
+            raise InvalidRequestError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSER_CHOICES)}", "reasoning_parser"
+            )
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", "log_level")
 
@@ -124,6 +140,16 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
      "auto (the compute dtype) or fp8_e4m3"}),
 )  # fmt: skip
+
+
+_LIMIT_HELP = {
+    "max_top_logprobs": "most top logprobs per token a request may ask for (top_logprobs_num, top_logprobs, "
+    "logprobs)",
+    "max_n": f"most samples per prompt a request may ask for (n; at most {MAX_SAMPLES_PER_PROMPT})",
+    "max_stop_strings": "most stop strings (and, separately, stop regexes) per request",
+    "max_stop_length": "longest stop string or stop regex, in characters",
+    "max_stop_token_ids": "most stop_token_ids per request",
+}
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -194,19 +220,25 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="enable POST /start_profile and /stop_profile, writing torch.profiler Chrome traces here",
     )
+    p.add_argument(
+        "--max-new-tokens-default",
+        type=int,
+        default=server.max_new_tokens_default,
+        help="most tokens a chat request without max_tokens generates (it gets the rest of the context, "
+        "up to this); 0: no cap (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=server.reasoning_parser,
+        choices=REASONING_PARSER_CHOICES,
+        help="split <think>...</think> into the chat message's reasoning_content: deepseek-r1 (output starts "
+        "inside the block), qwen3 (the model opens it), auto (when the chat template has thinking tags), "
+        "none (default: %(default)s)",
+    )
+
     for name, help_ in _LIMIT_HELP.items():
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=int, default=getattr(server, name), help=f"{help_} (default: %(default)s)")
-
-
-_LIMIT_HELP = {
-    "max_top_logprobs": "most top logprobs per token a request may ask for (top_logprobs_num, top_logprobs, "
-    "logprobs)",
-    "max_n": f"most samples per prompt a request may ask for (n; at most {MAX_SAMPLES_PER_PROMPT})",
-    "max_stop_strings": "most stop strings (and, separately, stop regexes) per request",
-    "max_stop_length": "longest stop string or stop regex, in characters",
-    "max_stop_token_ids": "most stop_token_ids per request",
-}
 
 
 def _with_default(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
@@ -233,4 +265,6 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         max_request_bytes=ns.max_request_bytes,
         max_connections=ns.max_connections,
         header_timeout=ns.header_timeout,
+        max_new_tokens_default=ns.max_new_tokens_default,
+        reasoning_parser=ns.reasoning_parser,
     )

@@ -106,12 +106,13 @@ class RequestGroup:
         if u.token_ids:
             last = self._last_token[i]
             if last is None:
-                metrics.ttft.observe(now - self._start)
+                metrics.first_token(now - self._start)
             else:
-                metrics.itl.observe((now - last) / len(u.token_ids))
+                metrics.token_gap((now - last) / len(u.token_ids))
             self._last_token[i] = now
         if u.finished:
-            metrics.e2e.observe(now - self._start)
+            reason = u.result.finish_reason.type if u.result is not None and u.error is None else None
+            metrics.finished(now - self._start, reason)
 
     async def results(self, http: HttpRequest | None = None) -> list[GenerateResult]:
         """Every request's final result, in order. With `http`, a client that disconnects first

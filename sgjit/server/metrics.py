@@ -1,18 +1,22 @@
 """Prometheus metrics. Latency histograms are observed by the server as updates reach the event
 loop (close to what a client sees); token counters, queue gauges, KV usage, prefix-cache and JIT figures are
 read from `Runtime.stats()` at scrape time, so they also count work submitted in-process. Each app
-has its own registry, so several servers in one process do not collide."""
+has its own registry, so several servers in one process do not collide.
+
+Besides sgjit's own series (`sgjit_*`, unlabelled), the series vLLM's dashboards read are exported
+under vLLM's names (`vllm:*`, labelled `model_name`), so a Grafana board built for vLLM works."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 PREFIX = "sgjit_"
+VLLM = "vllm:"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -34,9 +38,20 @@ _GAUGES = {
 }
 
 
+_VLLM_COUNTERS = {
+    "prompt_tokens_total": ("prompt_tokens", "Number of prefill tokens processed."),
+    "generation_tokens_total": ("generation_tokens", "Number of generation tokens processed."),
+}
+_VLLM_GAUGES = {
+    "running": ("num_requests_running", "Number of requests in model execution batches."),
+    "waiting": ("num_requests_waiting", "Number of requests waiting to be processed."),
+}
+
+
 class RuntimeStatsCollector(Collector):
-    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, stats: Callable[[], dict[str, Any] | None], model_name: Callable[[], str]) -> None:
         self.stats = stats
+        self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
@@ -52,6 +67,7 @@ class RuntimeStatsCollector(Collector):
         if total:
             used = (total - s["kv_pages_free"]) / total
             yield GaugeMetricFamily(PREFIX + "kv_cache_usage_ratio", "Share of KV pages in use.", value=used)
+        yield from self._vllm(s, used if total else 0.0)
         prompt = s.get("prompt_tokens_total") or 0
         hit = s.get("prefix_cache_hit_tokens", 0) / prompt if prompt else 0.0
         yield GaugeMetricFamily(
@@ -60,9 +76,25 @@ class RuntimeStatsCollector(Collector):
             value=hit,
         )
 
+    def _vllm(self, s: dict[str, Any], kv_used: float) -> Iterator[Metric]:
+        label = [self.model_name()]
+        for key, (name, doc) in _VLLM_COUNTERS.items():
+            counter = CounterMetricFamily(VLLM + name, doc, labels=["model_name"])
+            counter.add_metric(label, s.get(key, 0))
+            yield counter
+        gauges = {**_VLLM_GAUGES, "kv": ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")}
+        gauges["gpu"] = ("gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc).")
+        for key, (name, doc) in gauges.items():
+            gauge = GaugeMetricFamily(VLLM + name, doc, labels=["model_name"])
+            gauge.add_metric(label, kv_used if key in ("kv", "gpu") else s.get(key, 0))
+            yield gauge
+
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+    """`model_name` is called once the model has loaded (histograms are observed only after)."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None], model_name: Callable[[], str]) -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry()
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds",
@@ -82,7 +114,40 @@ class ServerMetrics:
             buckets=E2E_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(RuntimeStatsCollector(stats))
+        labels = ["model_name"]
+        vllm_hist = {
+            "ttft": ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+            "itl": ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+            "tpot": ("time_per_output_token_seconds", "Histogram of time per output token in seconds.", ITL_BUCKETS),
+            "e2e": ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS),
+        }  # fmt: skip
+        self.vllm = {
+            key: Histogram(VLLM + name, doc, labels, buckets=buckets, registry=self.registry)
+            for key, (name, doc, buckets) in vllm_hist.items()
+        }
+        self.success = Counter(
+            VLLM + "request_success", "Count of successfully processed requests.",
+            ["model_name", "finished_reason"], registry=self.registry,
+        )  # fmt: skip
+        self.registry.register(RuntimeStatsCollector(stats, model_name))
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.vllm["ttft"].labels(self.model_name()).observe(seconds)
+
+    def token_gap(self, seconds: float) -> None:
+        """Seconds per token between updates (vLLM's inter-token and per-output-token series alike)."""
+        self.itl.observe(seconds)
+        for key in ("itl", "tpot"):
+            self.vllm[key].labels(self.model_name()).observe(seconds)
+
+    def finished(self, seconds: float, reason: str | None) -> None:
+        """`reason`: the finish reason (stop, length, abort); None when the request failed."""
+        self.e2e.observe(seconds)
+        name = self.model_name()
+        self.vllm["e2e"].labels(name).observe(seconds)
+        if reason is not None:
+            self.success.labels(name, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -24,6 +24,7 @@ from sgjit.server.protocol import (
     ModelList,
     OpenAISampling,
 )
+from sgjit.server.reasoning import default_parser
 from sgjit.server.sse import SSEResponse
 from sgjit.server.state import ServerState, accepting_runtime, server_state
 
@@ -43,14 +44,39 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[card])
 
 
+@router.get("/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> ModelCard:
+    state = server_state(request)
+    listed = await list_models(request)
+    if model_id != state.model_name:
+        raise ApiError(
+            404, f"the model {model_id!r} does not exist; this server serves {state.model_name!r}",
+            param="model", code="model_not_found",
+        )  # fmt: skip
+    return listed.data[0]
+
+
+def reasoning_parser(state: ServerState, rt: Runtime) -> str | None:
+    """The configured parser, or with `auto` the one the chat template implies (None: off)."""
+    choice = state.args.reasoning_parser
+    if choice == "none":
+        return None
+    if choice == "auto":
+        template = rt.tokenizer.chat_template
+        return default_parser(template.source if template is not None else None)
+    return choice
+
+
 @router.post("/chat/completions")
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
+    state = server_state(request)
+    parser = reasoning_parser(state, rt)
     return await _respond(
-        request, body, lambda: chat_job(rt, body, server_state(request).args.tool_call_parser),
-        lambda job, model, usage: ChatChunks(model, usage, job.tools, len(job.reqs)),
-        lambda job, results, model: chat_response(job, results, model, body.logprobs),
+        request, body, lambda: chat_job(rt, body, state.args.max_new_tokens_default, state.args.tool_call_parser),
+        lambda job, model, usage: ChatChunks(model, usage, parser, len(job.reqs), job.tools),
+        lambda job, results, model: chat_response(job, results, model, body.logprobs, parser),
     )  # fmt: skip
 
 
@@ -59,8 +85,8 @@ async def completions(
     body: CompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
     return await _respond(
-        request, body, lambda: completion_job(rt, body),
-        lambda job, model, usage: CompletionChunks(model, usage, len(job.reqs)),
+        request, body, lambda: completion_job(rt, body, server_state(request).args.max_new_tokens_default),
+        lambda job, model, usage: CompletionChunks(model, usage, len(job.reqs), job),
         lambda job, results, model: completion_response(job, results, model, body.logprobs is not None),
     )  # fmt: skip
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from sgjit.runtime.result import GenerateResult, LogprobEntry
 from sgjit.server.openai_params import Job
+from sgjit.server.openai_tools import ToolSetup
 from sgjit.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -25,6 +26,7 @@ from sgjit.server.protocol import (
     TopLogprob,
     Usage,
 )
+from sgjit.server.reasoning import ReasoningSplitter
 from sgjit.server.tool_formats import ParsedCall
 
 MIN_LOGPROB = -9999.0  # stands in for -inf (a token the grammar ruled out), which JSON cannot carry
@@ -96,17 +98,45 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    entries: Sequence[LogprobEntry], tops: Sequence[Sequence[LogprobEntry]] | None, text_offset: int
+    entries: Sequence[LogprobEntry],
+    tops: Sequence[Sequence[LogprobEntry] | None] | None,
+    text_offset: int,
+    prompt: bool = False,
 ) -> CompletionLogprobs:
+    """`prompt`: the entries are an echoed prompt's, whose first token has no logprob (nothing
+    precedes it), shown as null as OpenAI does."""
     out = CompletionLogprobs(top_logprobs=[] if tops else None)
     for k, (lp, _, text) in enumerate(entries):
         out.tokens.append(text or "")
-        out.token_logprobs.append(_logprob(lp))
+        out.token_logprobs.append(None if prompt and lp is None else _logprob(lp))
         out.text_offset.append(text_offset)
         text_offset += len(text or "")
         if tops:
-            out.top_logprobs.append({t[2] or "": _logprob(t[0]) for t in tops[k]})  # type: ignore[union-attr]
+            top = tops[k]
+            out.top_logprobs.append(None if top is None else {t[2] or "": _logprob(t[0]) for t in top})  # type: ignore[union-attr]
     return out
+
+
+def echoed_logprobs(result: GenerateResult, top: bool) -> CompletionLogprobs:
+    """The prompt's logprobs (an echoed choice's first part), offsets from 0."""
+    lp = result.logprobs
+    if lp is None:
+        return CompletionLogprobs(top_logprobs=[] if top else None)
+    return completion_logprobs(
+        lp.input_token_logprobs, lp.input_top_logprobs if top else None, 0, prompt=True
+    )
+
+
+def joined(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    tops = (
+        None
+        if a.top_logprobs is None and b.top_logprobs is None
+        else [*(a.top_logprobs or []), *(b.top_logprobs or [])]
+    )
+    return CompletionLogprobs(
+        tokens=a.tokens + b.tokens, token_logprobs=a.token_logprobs + b.token_logprobs,
+        top_logprobs=tops, text_offset=a.text_offset + b.text_offset,
+    )  # fmt: skip
 
 
 def _result_logprobs(result: GenerateResult) -> tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]:
@@ -117,14 +147,13 @@ def _result_logprobs(result: GenerateResult) -> tuple[list[LogprobEntry], list[l
 
 
 def chat_response(
-    job: Job, results: list[GenerateResult], model: str, logprobs: bool
+    job: Job, results: list[GenerateResult], model: str, logprobs: bool, reasoning_parser: str | None = None
 ) -> ChatCompletionResponse:
     choices = []
     for i, r in enumerate(results):
-        content, calls = job.tools.read(r.text) if job.tools else (r.text, [])
-        message = AssistantMessage(content=content, tool_calls=tool_calls(calls) if calls else None)
+        message = _message(r.text, reasoning_parser, job.tools)
         choices.append(
-            ChatChoice(index=i, message=message, finish_reason=finish_reason(r, bool(calls)),
+            ChatChoice(index=i, message=message, finish_reason=finish_reason(r, bool(message.tool_calls)),
                        logprobs=chat_logprobs(*_result_logprobs(r)) if logprobs else None)
         )  # fmt: skip
     return ChatCompletionResponse(
@@ -132,14 +161,31 @@ def chat_response(
     )
 
 
+def _message(text: str, reasoning_parser: str | None, tools: ToolSetup | None) -> AssistantMessage:
+    """The answer's reasoning (with a reasoning parser), then its tool calls (with tools), then its content."""
+    reasoning = None
+    if reasoning_parser is not None:
+        reasoning, text = ReasoningSplitter.named(reasoning_parser).split(text)
+    content, calls = tools.read(text) if tools else (text, [])
+    return AssistantMessage(
+        content=content, reasoning_content=reasoning, tool_calls=tool_calls(calls) if calls else None
+    )
+
+
 def completion_response(
     job: Job, results: list[GenerateResult], model: str, logprobs: bool
 ) -> CompletionResponse:
-    choices = [
-        CompletionChoice(index=i, text=r.text, finish_reason=finish_reason(r),
-                         logprobs=completion_logprobs(*_result_logprobs(r), 0) if logprobs else None)
-        for i, r in enumerate(results)
-    ]  # fmt: skip
+    choices = []
+    for i, r in enumerate(results):
+        prompt = job.echo[i // job.n] if job.echo is not None else ""
+        lp = None
+        if logprobs:
+            lp = completion_logprobs(*_result_logprobs(r), len(prompt))
+            if job.echo is not None:
+                lp = joined(echoed_logprobs(r, lp.top_logprobs is not None), lp)
+        choices.append(
+            CompletionChoice(index=i, text=prompt + r.text, finish_reason=finish_reason(r), logprobs=lp)
+        )
     return CompletionResponse(
         id=new_id("cmpl"), created=now(), model=model, choices=choices, usage=usage(job, results)
     )

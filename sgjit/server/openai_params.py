@@ -1,6 +1,12 @@
 """OpenAI requests -> engine requests: chat messages onto the model's template, OpenAI's sampling
 fields onto `SamplingParams` keys, `n` choices per prompt. Runs in a worker thread (templating,
-tokenizing and grammar compilation must not stall the event loop)."""
+tokenizing and grammar compilation must not stall the event loop).
+
+Default `max_tokens`: a chat request without one may generate the rest of the context
+(`max_model_len - prompt_len`, as vLLM does) but at most `sgjit serve --max-new-tokens-default`
+tokens (0: no cap), so a forgotten `max_tokens` cannot keep a slow device busy for minutes. Text
+completions keep OpenAI's default of 16. A `max_tokens` that does not fit in the context with the
+prompt is a 400 `context_length_exceeded`, never silently shortened."""
 
 from __future__ import annotations
 
@@ -8,8 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sgjit.errors import InvalidRequestError
+from sgjit.errors import ContextLengthError, InvalidRequestError
 from sgjit.runtime.request import Request
+from sgjit.server.fim import fim_prompt
+from sgjit.server.openai_constraints import check_unsupported_chat_fields, output_constraint
 from sgjit.server.openai_tools import ToolSetup, render_inputs, tool_constraint, tool_setup
 from sgjit.server.protocol import (
     ChatCompletionRequest,
@@ -21,8 +29,6 @@ from sgjit.server.protocol import (
 
 if TYPE_CHECKING:
     from sgjit.runtime.runtime import Runtime
-
-ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 @dataclass(slots=True)
@@ -37,20 +43,25 @@ class Job:
     n: int
     prefill_cached: list[int] = field(default_factory=list)  # per prompt, once the prefills ran
     tools: ToolSetup | None = None  # chat with tools: the answers are read for tool calls
+    echo: list[str] | None = None  # per prompt, its text, when the choices start with it (echo)
 
 
-def chat_job(rt: Runtime, body: ChatCompletionRequest, tool_call_parser: str = "auto") -> Job:
+def chat_job(
+    rt: Runtime, body: ChatCompletionRequest, default_cap: int = 0, tool_call_parser: str = "auto"
+) -> Job:
+    """`default_cap`: the most tokens a request without max_tokens may generate (0: no cap)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    check_unsupported_chat_fields(body)
     tools = tool_setup(body, rt.tokenizer, tool_call_parser)
     messages, template_vars = render_inputs(
         template_messages(body.messages), body, rt.tokenizer, offer_tools=body.tool_choice != "none"
     )
     ids = rt.tokenizer.encode_chat(messages, add_generation_prompt=True, **template_vars)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    constraint = response_constraint(body)
+    constraint = output_constraint(body)
     if forced := tool_constraint(tools, rt.tokenizer):
-        if constraint or body.regex is not None or body.json_schema is not None:
+        if constraint:
             raise InvalidRequestError(
                 f"tool_choice {body.tool_choice!r} constrains the answer to a tool call, and so does "
                 "response_format / regex / json_schema; give one",
@@ -65,6 +76,7 @@ def chat_job(rt: Runtime, body: ChatCompletionRequest, tool_call_parser: str = "
         [ids],
         max_tokens,
         constraint,
+        default_cap,
         return_logprob=body.logprobs,
         top_logprobs_num=body.top_logprobs or 0,
     )
@@ -72,27 +84,39 @@ def chat_job(rt: Runtime, body: ChatCompletionRequest, tool_call_parser: str = "
     return job
 
 
-def completion_job(rt: Runtime, body: CompletionRequest) -> Job:
-    for name, unsupported in (
-        ("echo", body.echo),
-        ("suffix", body.suffix is not None),
-        ("best_of", body.best_of not in (None, 1, body.n)),
-    ):
-        if unsupported:
-            raise InvalidRequestError(f"{name} is not supported by this server", name)
+def completion_job(rt: Runtime, body: CompletionRequest, default_cap: int = 0) -> Job:
+    """With `echo`, each choice starts with its prompt (and with logprobs, the prompt's logprobs,
+    which the engine computes from `logprob_start_len` 0); `suffix` makes a fill-in-the-middle
+    prompt from the model's FIM tokens."""
+    if body.best_of not in (None, 1, body.n):
+        raise InvalidRequestError("best_of other than n is not supported by this server", "best_of")
     prompts = _prompt_list(body.prompt)
     if not prompts:
         raise InvalidRequestError("prompt is an empty list; give at least one prompt", "prompt")
-    id_lists = [rt.encode_prompt(p) if isinstance(p, str) else p for p in prompts]
-    return _job(
+    if body.suffix is not None:
+        if body.echo:
+            raise InvalidRequestError("echo and suffix cannot be combined; leave one out", "echo")
+        if not all(isinstance(p, str) for p in prompts):
+            raise InvalidRequestError("suffix needs the prompt as text, not token ids", "suffix")
+        id_lists = [fim_prompt(rt.tokenizer, p, body.suffix) for p in prompts]  # type: ignore[arg-type]
+    else:
+        id_lists = [rt.encode_prompt(p) if isinstance(p, str) else p for p in prompts]
+    if body.max_tokens == 0 and not body.echo:
+        raise InvalidRequestError("max_tokens 0 only makes sense with echo (scoring a prompt)", "max_tokens")
+    job = _job(
         rt,
         body,
         id_lists,
         body.max_tokens,
-        {},
+        output_constraint(body),
+        default_cap,
         return_logprob=body.logprobs is not None,
         top_logprobs_num=body.logprobs or 0,
+        logprob_start_len=0 if body.echo else -1,
     )
+    if body.echo:
+        job.echo = [p if isinstance(p, str) else rt.tokenizer.decode(p) for p in prompts]
+    return job
 
 
 def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -107,14 +131,17 @@ def _job(
     id_lists: list[list[int]],
     max_tokens: int | None,
     constraint: dict[str, Any],
+    default_cap: int,
     *,
     return_logprob: bool,
     top_logprobs_num: int,
+    logprob_start_len: int = -1,
 ) -> Job:
     reqs, prefills = [], []
     for ids in id_lists:
-        room = max(rt.max_model_len - len(ids), 1)  # a too-long prompt fails in make_request
-        base = sampling_params(body, max_tokens or room, constraint)
+        base = sampling_params(
+            body, new_tokens(rt.max_model_len, len(ids), max_tokens, default_cap), constraint
+        )
         for j in range(body.n):
             params = {**base, "seed": base["seed"] + j} if "seed" in base else base
             reqs.append(
@@ -124,6 +151,7 @@ def _job(
                     return_logprob=return_logprob,
                     top_logprobs_num=top_logprobs_num,
                     return_text_in_logprobs=return_logprob,
+                    logprob_start_len=logprob_start_len if return_logprob else -1,
                 )
             )
         if body.n > 1:
@@ -136,23 +164,20 @@ def sampling_params(body: OpenAISampling, max_new_tokens: int, constraint: dict[
     return {**body.sampling_fields(), "max_new_tokens": max_new_tokens, **constraint}
 
 
-def response_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
-    """OpenAI's `response_format` as a JSON-schema constraint (`json_object`: any JSON object)."""
-    fmt = body.response_format
-    if fmt is None or fmt.type == "text":
-        return {}
-    if body.json_schema is not None or body.regex is not None:
-        raise InvalidRequestError(
-            "response_format and the regex / json_schema extras each constrain the output; give one",
-            "response_format",
+def new_tokens(max_model_len: int, prompt_len: int, max_tokens: int | None, default_cap: int) -> int:
+    """How many tokens a request may generate (the policy in this module's docstring)."""
+    room = max_model_len - prompt_len
+    if room < 1:
+        return 1  # the prompt alone is too long: make_request says so
+    if max_tokens is None:
+        return min(room, default_cap) if default_cap > 0 else room
+    if max_tokens > room:
+        raise ContextLengthError(
+            f"max_tokens {max_tokens} does not fit: the prompt has {prompt_len} tokens and the context is "
+            f"{max_model_len}, so at most {room} can be generated; lower max_tokens or shorten the prompt",
+            "max_tokens",
         )
-    if fmt.type == "json_object":
-        return {"json_schema": ANY_JSON_OBJECT}
-    if fmt.json_schema is None:
-        raise InvalidRequestError(
-            "response_format of type json_schema needs a json_schema object", "response_format.json_schema"
-        )
-    return {"json_schema": fmt.json_schema.schema_ or ANY_JSON_OBJECT}
+    return max_tokens
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from sgjit.runtime.request import Request
 from sgjit.runtime.result import GenerateResult, LogprobEntry
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.openai_output import (
@@ -23,11 +24,13 @@ from sgjit.server.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
     CompletionChoice,
     CompletionResponse,
     DeltaToolCall,
     Usage,
 )
+from sgjit.server.reasoning import ReasoningSplitter
 from sgjit.server.sse import DONE, sse
 from sgjit.server.tool_formats import ParsedCall, ToolCallStream
 
@@ -35,17 +38,31 @@ Logprobs = tuple[list[LogprobEntry], list[list[LogprobEntry]] | None]
 
 
 class ChatChunks:
-    """With tools, each choice's text goes through a `ToolCallStream`: content deltas as usual,
-    and each tool call as one `tool_calls` delta once it is whole."""
+    """Each choice's text goes first through its `ReasoningSplitter` (with a reasoning parser:
+    `reasoning_content` deltas), then, with tools, its content through a `ToolCallStream`: content
+    deltas as usual, and each tool call as one `tool_calls` delta once it is whole."""
 
     def __init__(
-        self, model: str, include_usage: bool, tools: ToolSetup | None = None, num_choices: int = 1
+        self,
+        model: str,
+        include_usage: bool,
+        reasoning_parser: str | None = None,
+        num_choices: int = 1,
+        tools: ToolSetup | None = None,
     ) -> None:
         self.id, self.created, self.model = new_id("chatcmpl"), now(), model
         self.include_usage = include_usage
         self.exclude = None if include_usage else {"usage"}
+        self.splitters = (
+            [ReasoningSplitter.named(reasoning_parser) for _ in range(num_choices)]
+            if reasoning_parser
+            else None
+        )
         self.tools = [ToolCallStream(tools.fmt) for _ in range(num_choices)] if tools else None
         self.eos_texts = tools.eos_texts if tools else ()
+
+    def first(self, i: int, req: Request) -> bytes | None:
+        return None
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -58,48 +75,69 @@ class ChatChunks:
 
     def delta(self, i: int, text: str, logprobs: Logprobs | None) -> bytes:
         lp = chat_logprobs(*logprobs) if logprobs else None
-        if self.tools is None:
-            return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=text), logprobs=lp)])
-        content, calls = self.tools[i].feed(text)
-        out = b""
-        if content or lp:
-            out += self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=content), logprobs=lp)])
-        return out + self._calls(i, calls)
+        reasoning, content = self.splitters[i].feed(text) if self.splitters else ("", text)
+        return self._emit(i, reasoning, content, lp, final=False)
 
     def finish(self, i: int, result: GenerateResult) -> bytes:
-        out, made_calls = b"", False
-        if self.tools is not None:
-            stream = self.tools[i]
-            for eos in self.eos_texts:  # special tokens are kept in the text: drop EOS before reading it
-                if stream.text.endswith(eos):
-                    stream.text = stream.text.removesuffix(eos)
-            content, calls = stream.finish()
-            if content:
-                out += self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=content))])
-            out += self._calls(i, calls)
-            made_calls = stream.made_calls
+        reasoning, content = self.splitters[i].flush() if self.splitters else ("", "")
+        out = self._emit(i, reasoning, content, None, final=True)
+        made_calls = self.tools is not None and self.tools[i].made_calls
         reason = finish_reason(result, made_calls)
         return out + self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
 
-    def _calls(self, i: int, calls: list[ParsedCall]) -> bytes:
-        if not calls:
-            return b""
-        assert self.tools is not None
-        first = self.tools[i].calls_sent - len(calls)
-        deltas = [DeltaToolCall(index=first + k, id=call.id, function=call.function)
-                  for k, call in enumerate(tool_calls(calls))]  # fmt: skip
-        return self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(tool_calls=deltas))])
+    def _emit(self, i: int, reasoning: str, content: str, lp: ChatLogprobs | None, final: bool) -> bytes:
+        calls: list[ParsedCall] = []
+        if self.tools is not None:
+            stream = self.tools[i]
+            c, calls = stream.feed(content)
+            if final:
+                for eos in self.eos_texts:  # special tokens are kept in the text: drop EOS before reading it
+                    stream.text = stream.text.removesuffix(eos)
+                rest, more = stream.finish()
+                c, calls = c + rest, calls + more
+            content = c
+        out = b""
+        if content or reasoning or lp:
+            delta = ChatDelta(
+                content=content if content or not reasoning else None, reasoning_content=reasoning or None
+            )
+            out += self._chunk([ChatChunkChoice(index=i, delta=delta, logprobs=lp)])
+        if calls:
+            assert self.tools is not None
+            first = self.tools[i].calls_sent - len(calls)
+            deltas = [DeltaToolCall(index=first + k, id=call.id, function=call.function)
+                      for k, call in enumerate(tool_calls(calls))]  # fmt: skip
+            out += self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(tool_calls=deltas))])
+        return out
 
     def usage(self, usage: Usage) -> bytes:
         return self._chunk([], usage)
 
 
 class CompletionChunks:
-    def __init__(self, model: str, include_usage: bool, num_choices: int) -> None:
+    def __init__(self, model: str, include_usage: bool, num_choices: int, job: Job | None = None) -> None:
         self.id, self.created, self.model = new_id("cmpl"), now(), model
         self.include_usage = include_usage
         self.exclude = None if include_usage else {"usage"}
         self.text_offset = [0] * num_choices
+        self.job = job
+
+    def first(self, i: int, req: Request) -> bytes | None:
+        """With echo, the prompt (and its logprobs) as the choice's first chunk; by a choice's first
+        update the engine has prefilled the prompt, so its logprobs are there."""
+        if self.job is None or self.job.echo is None:
+            return None
+        text = self.job.echo[i // self.job.n]
+        self.text_offset[i] = len(text)
+        lp = None
+        if req.logprobs is not None:
+            lp = completion_logprobs(
+                req.logprobs.input_token_logprobs,
+                req.logprobs.input_top_logprobs if req.top_logprobs_num else None,
+                0,
+                prompt=True,
+            )
+        return self._chunk([CompletionChoice(index=i, text=text, logprobs=lp)])
 
     def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> bytes:
         chunk = CompletionResponse(
@@ -130,9 +168,14 @@ async def openai_events(
             yield opening
     sent = [0] * len(group.reqs)  # tokens of each choice streamed so far
     results: list[GenerateResult | None] = [None] * len(group.reqs)
+    started = [False] * len(group.reqs)
     async for i, u in group.updates():
         logprobs = None
         req = group.reqs[i]
+        if not started[i]:
+            started[i] = True
+            if (first := chunks.first(i, req)) is not None:
+                yield first
         if req.logprobs is not None and u.token_ids:
             # NOTE: read from the engine's request: its logprob lists only grow, and the entries of
             # these tokens were appended before the update was emitted.

@@ -107,6 +107,19 @@ class JsonSchemaSpec(Lenient):
 class ResponseFormat(Lenient):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # vLLM's / SGLang's json_object + schema
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one constraint. Other keys are kept (not dropped) so the server
+    can refuse them by name."""
+
+    model_config = ConfigDict(extra="allow")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 def _strict(tp: Any) -> Any:
@@ -138,6 +151,15 @@ class OpenAISampling(OpenAISamplingFields):  # type: ignore[misc, valid-type]
     n: StrictInt = Field(1, ge=1)  # the cap is the server's --max-n (sgjit.server.limits)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured output: at most one of these (and of the regex / json_schema / ebnf extras)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted: the backend is always llguidance
+    guided_whitespace_pattern: str | None = None  # refused: llguidance has no such knob
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields the request set, under `SamplingParams` names."""
@@ -150,15 +172,19 @@ class ChatCompletionRequest(OpenAISampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI fields that would change the output and are not supported: refused by name
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
 
 
 class CompletionRequest(OpenAISampling):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0 with echo scores the prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -205,6 +231,7 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # the thinking block, with a reasoning parser on
     tool_calls: list[ToolCall] | None = None
 
 
@@ -234,12 +261,14 @@ class DeltaToolCall(BaseModel):
 class ChatDelta(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _set_fields_only(self, handler: Any) -> dict[str, Any]:
-        """OpenAI's deltas carry only what changed: `{"role": ...}` first, then `{"content": ...}`
-        or `{"tool_calls": [...]}`, and `{}` on the chunk that finishes a choice."""
+        """OpenAI's deltas carry only what changed: `{"role": ...}` first, then `{"content": ...}`,
+        `{"reasoning_content": ...}` or `{"tool_calls": [...]}`, and `{}` on the chunk that finishes
+        a choice."""
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
@@ -261,8 +290,8 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] | None = None
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -47,7 +47,7 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(self.stats)
+        self.metrics = ServerMetrics(self.stats, lambda: self.model_name)
         if self.runtime is not None:
             self.phase = Phase.READY
 
