@@ -65,3 +65,29 @@ def assert_no_leaked_pages(rt) -> None:
 
 
 GREEDY = {"temperature": 0.0}
+
+
+# ----- a live server over the shared runtime, one per test module (tests/server/) -----
+@pytest.fixture(scope="module")
+def server(runtime):
+    """The real app on a free port over the shared runtime; a module needing other server
+    arguments defines its own `server`."""
+    from server_harness import LiveServer
+
+    srv = LiveServer(runtime)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The `openai` SDK pointed at `server`."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -10,8 +10,6 @@ import os
 import pytest
 from pydantic import BaseModel, Field
 
-from server_harness import LiveServer
-
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no download at import
 
 MODEL = "smollm2-135m"
@@ -22,13 +20,6 @@ class Weather(BaseModel):
 
     city: str = Field(max_length=20, description="the city")
     unit: str = Field(pattern="^[cf]$", description="c or f")
-
-
-@pytest.fixture(scope="module")
-def server(runtime):
-    srv = LiveServer(runtime)
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -111,19 +111,6 @@ BAD_PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(runtime):
-    srv = LiveServer(runtime)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.client() as c:
-        yield c
-
-
 def post_raw(http: httpx.Client, route: str, raw: bytes) -> httpx.Response:
     return http.post(route, content=raw, headers={"content-type": "application/json"})
 

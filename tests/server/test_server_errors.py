@@ -9,7 +9,6 @@ import httpx
 import pytest
 
 from conftest import assert_no_leaked_pages
-from server_harness import LiveServer
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -102,19 +101,6 @@ BAD_RAW_BODIES = [
     ("/generate", b'{"text": "hi", "sampling_params": {"temperature": NaN}}'),
     (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}'),
 ]
-
-
-@pytest.fixture(scope="module")
-def server(runtime):
-    srv = LiveServer(runtime)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.client() as c:
-        yield c
 
 
 def assert_openai_error(response: httpx.Response, status: int) -> dict:

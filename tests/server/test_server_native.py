@@ -16,19 +16,6 @@ from server_harness import LiveServer, sse_events, wait_idle
 VOLATILE_META = {"id", "e2e_latency", "cached_tokens"}
 
 
-@pytest.fixture(scope="module")
-def server(runtime):
-    srv = LiveServer(runtime)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.client() as c:
-        yield c
-
-
 def comparable(result: dict) -> dict:
     """A result as JSON carries it (tuples as lists), without the fields that differ run to run."""
     result = json.loads(json.dumps(result))

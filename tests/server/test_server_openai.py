@@ -18,18 +18,6 @@ from server_harness import LiveServer
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}]
 
 
-@pytest.fixture(scope="module")
-def server(runtime):
-    srv = LiveServer(runtime)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def greedy_chat(runtime, messages, max_tokens):
     return runtime.chat(messages, {"max_new_tokens": max_tokens, "temperature": 0})
 

@@ -29,11 +29,6 @@ def server(runtime):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def bad_request(fn):
     with pytest.raises(openai.BadRequestError) as e:
         fn()

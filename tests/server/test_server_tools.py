@@ -14,8 +14,6 @@ import pytest
 from sgjit.server.openai_params import chat_job
 from sgjit.server.protocol import ChatCompletionRequest
 
-from server_harness import LiveServer
-
 WEATHER = {
     "type": "object",
     "properties": {
@@ -38,18 +36,6 @@ TOOLS = [
 ]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
-
-
-@pytest.fixture(scope="module")
-def server(runtime):
-    srv = LiveServer(runtime)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def create(client, **kwargs):
