@@ -58,8 +58,9 @@ class ChatChunks:
             if reasoning_parser
             else None
         )
-        self.tools = [ToolCallStream(tools.fmt) for _ in range(num_choices)] if tools else None
-        self.eos_texts = tools.eos_texts if tools else ()
+        self.tools = (
+            [ToolCallStream(tools.fmt, tools.eos_texts) for _ in range(num_choices)] if tools else None
+        )
 
     def first(self, i: int, req: Request) -> bytes | None:
         return None
@@ -91,8 +92,6 @@ class ChatChunks:
             stream = self.tools[i]
             c, calls = stream.feed(content)
             if final:
-                for eos in self.eos_texts:  # special tokens are kept in the text: drop EOS before reading it
-                    stream.text = stream.text.removesuffix(eos)
                 rest, more = stream.finish()
                 c, calls = c + rest, calls + more
             content = c

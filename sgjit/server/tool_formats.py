@@ -290,8 +290,9 @@ class ToolCallStream:
     each call is handed out once it is complete (OpenAI's clients accumulate `tool_calls` deltas,
     so one delta per call is valid)."""
 
-    def __init__(self, fmt: ToolFormat) -> None:
+    def __init__(self, fmt: ToolFormat, eos_texts: tuple[str, ...] = ()) -> None:
         self.fmt = fmt
+        self.eos_texts = eos_texts  # cut from the end before the last read (text that keeps special tokens)
         self.text = ""
         self.content_sent = 0
         self.start = -1
@@ -311,6 +312,8 @@ class ToolCallStream:
 
     def finish(self) -> tuple[str, list[ParsedCall]]:
         """What is left once generation has ended."""
+        for eos in self.eos_texts:
+            self.text = self.text.removesuffix(eos)
         if self.start < 0:
             return self._content(len(self.text)), []
         calls = self.fmt.calls(self.text[self.start :], final=True)
