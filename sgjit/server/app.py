@@ -12,6 +12,7 @@ from sgjit.server import native_api, openai_api, plans_api, profile_api
 from sgjit.server.args import ServerArgs
 from sgjit.server.auth import require_api_key
 from sgjit.server.errors import install_error_handlers
+from sgjit.server.openapi_doc import COMMON_ERRORS, install_openapi
 from sgjit.server.state import ServerState
 from sgjit.version import __version__
 
@@ -26,6 +27,7 @@ def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:
     app = FastAPI(title="sgjit", version=__version__, dependencies=[Depends(require_api_key)])
     app.state.sgjit = ServerState(args, runtime)
     for router in ROUTERS:
-        app.include_router(router)
+        app.include_router(router, responses=COMMON_ERRORS)
     install_error_handlers(app)
+    install_openapi(app)
     return app

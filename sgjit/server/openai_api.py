@@ -16,9 +16,12 @@ from sgjit.server.errors import ApiError
 from sgjit.server.openai_output import chat_response, completion_response
 from sgjit.server.openai_params import Job, chat_job, completion_job
 from sgjit.server.openai_stream import ChatChunks, CompletionChunks, openai_events
+from sgjit.server.openapi_doc import NOT_FOUND, TOO_LARGE, WORK_ERRORS, json_or_sse
 from sgjit.server.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     ModelCard,
     ModelList,
     OpenAISampling,
@@ -42,7 +45,16 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[card])
 
 
-@router.post("/chat/completions")
+@router.post(
+    "/chat/completions",
+    response_class=Response,
+    responses={
+        **json_or_sse(ChatCompletionResponse, "ChatCompletionChunk"),
+        **NOT_FOUND,
+        **WORK_ERRORS,
+        **TOO_LARGE,
+    },
+)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
@@ -52,7 +64,16 @@ async def chat_completions(
     )  # fmt: skip
 
 
-@router.post("/completions")
+@router.post(
+    "/completions",
+    response_class=Response,
+    responses={
+        **json_or_sse(CompletionResponse, "CompletionResponse chunk"),
+        **NOT_FOUND,
+        **WORK_ERRORS,
+        **TOO_LARGE,
+    },
+)
 async def completions(
     body: CompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
