@@ -13,6 +13,7 @@ from sgjit.server.args import ServerArgs
 from sgjit.server.auth import ApiKeyMiddleware
 from sgjit.server.errors import install_error_handlers
 from sgjit.server.middleware import BodyLimitMiddleware, InternalErrorMiddleware
+from sgjit.server.openapi_doc import COMMON_ERRORS, install_openapi
 from sgjit.server.state import ServerState
 from sgjit.version import __version__
 
@@ -27,7 +28,7 @@ def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:
     app = FastAPI(title="sgjit", version=__version__)
     app.state.sgjit = ServerState(args, runtime)
     for router in ROUTERS:
-        app.include_router(router)
+        app.include_router(router, responses=COMMON_ERRORS)
     install_error_handlers(app)
     # Each add_middleware wraps what was added before: the catch-all sits innermost, then the body
     # cap, and the key check outermost so that a client without the key gets no body read.
@@ -35,4 +36,5 @@ def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit=args.max_request_bytes)
     if args.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, key=args.api_key)
+    install_openapi(app)
     return app

@@ -20,6 +20,7 @@ from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import unavailable
 from sgjit.server.info import model_info, server_info
 from sgjit.server.limits import check_generate_n, check_requests
+from sgjit.server.openapi_doc import TOO_LARGE, WORK_ERRORS, json_or_sse, text_response
 from sgjit.server.protocol import GenerateRequest, GenerateResult
 from sgjit.server.sse import DONE, SSEResponse, sse
 from sgjit.server.state import Phase, accepting_runtime, server_state
@@ -35,7 +36,11 @@ def json_bytes(value: Any) -> bytes:
     return to_json(value, inf_nan_mode="null")
 
 
-@router.post("/generate", responses={200: {"model": GenerateResult}})
+@router.post(
+    "/generate",
+    response_class=Response,
+    responses={**json_or_sse(GenerateResult, "GenerateResult so far"), **WORK_ERRORS, **TOO_LARGE},
+)
 async def generate(
     body: GenerateRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
@@ -136,12 +141,15 @@ def get_server_info(request: Request) -> dict[str, Any]:
     return server_info(server_state(request))
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.get("/flush_cache")
+@router.post("/flush_cache")  # two routes: one OpenAPI operation id per method
 def flush_cache(request: Request) -> dict[str, int]:
     """Drop every prefix-cache entry no running request uses."""
     return {"pages_freed": server_state(request).loaded().flush_cache()}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics", response_class=Response, responses=text_response("text/plain", "Prometheus text format")
+)
 def metrics(request: Request) -> Response:
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -17,9 +17,12 @@ from sgjit.server.limits import check_n, check_requests
 from sgjit.server.openai_output import chat_response, completion_response
 from sgjit.server.openai_params import Job, chat_job, completion_job
 from sgjit.server.openai_stream import ChatChunks, CompletionChunks, openai_events
+from sgjit.server.openapi_doc import NOT_FOUND, TOO_LARGE, WORK_ERRORS, json_or_sse
 from sgjit.server.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     ModelCard,
     ModelList,
     OpenAISampling,
@@ -67,7 +70,16 @@ def reasoning_parser(state: ServerState, rt: Runtime) -> str | None:
     return choice
 
 
-@router.post("/chat/completions")
+@router.post(
+    "/chat/completions",
+    response_class=Response,
+    responses={
+        **json_or_sse(ChatCompletionResponse, "ChatCompletionChunk"),
+        **NOT_FOUND,
+        **WORK_ERRORS,
+        **TOO_LARGE,
+    },
+)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
@@ -80,7 +92,16 @@ async def chat_completions(
     )  # fmt: skip
 
 
-@router.post("/completions")
+@router.post(
+    "/completions",
+    response_class=Response,
+    responses={
+        **json_or_sse(CompletionResponse, "CompletionResponse chunk"),
+        **NOT_FOUND,
+        **WORK_ERRORS,
+        **TOO_LARGE,
+    },
+)
 async def completions(
     body: CompletionRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:

@@ -27,6 +27,7 @@ from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import wait_for_disconnect
 from sgjit.server.errors import ApiError, ClientDisconnected
 from sgjit.server.native_api import json_bytes
+from sgjit.server.openapi_doc import NOT_FOUND, TOO_LARGE, WORK_ERRORS, json_or_sse
 from sgjit.server.protocol import PlanRegisterRequest, PlanRunRequest
 from sgjit.server.sse import DONE, sse, with_error_event
 from sgjit.server.state import ServerState, accepting_runtime, server_state
@@ -71,7 +72,7 @@ def _defaults(values: dict[str, Any]) -> RunDefaults:
     return defaults
 
 
-@router.post("/plans")
+@router.post("/plans", response_class=Response, responses=TOO_LARGE)
 async def register_plan(
     body: PlanRegisterRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
@@ -88,7 +89,16 @@ async def register_plan(
                                 "compile_ms": compile_ms}), media_type="application/json")  # fmt: skip
 
 
-@router.post("/plans/{plan_hash}/run")
+@router.post(
+    "/plans/{plan_hash}/run",
+    response_class=Response,
+    responses={
+        **json_or_sse(None, "text piece, then the final result"),
+        **NOT_FOUND,
+        **WORK_ERRORS,
+        **TOO_LARGE,
+    },
+)
 async def run_registered_plan(
     plan_hash: str, body: PlanRunRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
 ) -> Response:
@@ -219,7 +229,7 @@ class PlanRunResponse(StreamingResponse):
             self.runs.close()
 
 
-@router.delete("/plans/{plan_hash}")
+@router.delete("/plans/{plan_hash}", responses=NOT_FOUND)
 async def delete_plan(plan_hash: str, request: Request) -> dict[str, Any]:
     _plan(request, plan_hash)
     state = server_state(request)

@@ -1,0 +1,82 @@
+"""What /openapi.json says beyond the route signatures: every error status a route can answer
+(all in the OpenAI error shape), the content types of streams and of /metrics, and no 422 (the
+error handlers turn FastAPI's validation errors into 400). Kept here so the routes stay short and
+the schema fuzz test (tests/server/test_schema_fuzz.py) checks one description of the contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """`{"error": {...}}`, as OpenAI's API answers every failure."""
+
+    error: ErrorDetail
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+# Statuses any route may answer: auth and readiness apply to all of them, 400 to any malformed body.
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("Invalid request: a malformed body, a value out of range or a limit of the model"),
+    401: _error("Missing or wrong API key (server started with --api-key)"),
+    503: _error("Starting, draining or full (with Retry-After): retry later"),
+}
+# Routes that run work for a client: the client may leave first (logged as 499, never seen by it).
+WORK_ERRORS: dict[int | str, dict[str, Any]] = {
+    499: _error("The client closed the connection before the answer was ready"),
+}
+NOT_FOUND = {404: _error("No such model or plan")}
+TOO_LARGE = {413: _error("The request body is larger than the server accepts")}
+
+
+def json_or_sse(model: type[BaseModel] | None, chunk: str) -> dict[int | str, dict[str, Any]]:
+    """200 of a route that streams when `stream` is true: the JSON answer or `data: <json>` events
+    (`chunk` names the model of each event; they end with `data: [DONE]`)."""
+    json_schema: dict[str, Any] = {"$ref": f"#/components/schemas/{model.__name__}"} if model else {}
+    return {
+        200: {
+            "model": model,
+            "description": f"The result, or with stream=true server-sent events: one {chunk} per `data:` line, "
+            "then `data: [DONE]`",
+            "content": {
+                "application/json": {"schema": json_schema},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    }
+
+
+def text_response(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
+    return {200: {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}}
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Generate the document once, without FastAPI's 422 entries and their models."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for operations in doc.get("paths", {}).values():
+                for op in operations.values():
+                    op.get("responses", {}).pop("422", None)
+            schemas = doc.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
