@@ -32,6 +32,14 @@ class ContextLengthError(InvalidRequestError):
     """The prompt (plus the tokens asked for) does not fit the model's context."""
 
 
+class ConflictingParamsError(InvalidRequestError):
+    """Parameters each valid alone that cannot be used together (the message says which to drop)."""
+
+
+class ModelCapabilityError(InvalidRequestError):
+    """The request needs something the served model lacks (e.g. fill-in-the-middle tokens)."""
+
+
 class GrammarError(InvalidRequestError):
     """A regex, JSON schema or choice list could not be compiled into a grammar."""
 

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,29 +21,12 @@ from typing import Any
 import httpx
 
 from sgjit.bench.report import environment, markdown_table, write_json
+from sgjit.bench.server_process import start_server
 
 log = logging.getLogger(__name__)
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Name three colours."}]
-
-
-def start_server(model: str | None, device: str, max_total_tokens: int) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "sgjit.cli", "serve", "--port", "0", "--device", device,
-           "--max-total-tokens", str(max_total_tokens)] + (["--model", model] if model else [])  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if m := re.search(r"sgjit ready at (\S+)", line):
-            threading.Thread(target=_discard, args=(proc.stderr,), daemon=True).start()
-            return proc, m.group(1)
-    raise RuntimeError(f"sgjit serve exited with status {proc.wait()} before it was ready")
-
-
-def _discard(stream) -> None:
-    """Keep reading the server's log so it never blocks on a full pipe."""
-    for _ in stream:
-        pass
 
 
 def interleaved(

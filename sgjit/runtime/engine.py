@@ -91,6 +91,7 @@ class Engine:
         self.output = OutputProcessor(
             parts.tokenizer, parts.eos_token_ids, parts.max_model_len, parts.sampler.vocab_size
         )
+        self.multi_step_off = False  # set when multi-step launches fail where single steps do not
         self.pool: PagedKVPool = parts.scheduler.pool
         self.cache: RadixCache = parts.scheduler.cache
 
@@ -177,7 +178,7 @@ class Engine:
                 fut.set_exception(e)
 
     def step(self) -> None:
-        if self.runner.multi_steps > 1 and self._try_multi_step():
+        if self.runner.multi_steps > 1 and not self.multi_step_off and self._try_multi_step():
             return
         batch = self.scheduler.schedule()
         if batch is None:
@@ -201,12 +202,13 @@ class Engine:
     def _forward_and_process(self, rows: list[RowChunk]) -> None:
         self._process(rows, self.runner.forward(rows))
 
-    def _isolate(self, rows: list[RowChunk]) -> None:
+    def _isolate(self, rows: list[RowChunk]) -> int:
         """Rerun a failed step's rows alone, so only the request that fails again ends (with its
         error) and the others advance. Safe to rerun: no token was appended before the failure
         (token-level errors are caught per request in `_process`), a row rewrites the same KV
         entries with the same values, and prompt logprobs already recorded are not asked again
-        (`next_input_logprob`)."""
+        (`next_input_logprob`). Returns how many rows failed again."""
+        failed = 0
         for row in rows:
             if row.req.status is Status.FINISHED:
                 continue
@@ -215,6 +217,8 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - this request is the culprit
                 log.exception("request %s failed in a forward step", row.req.rid)
                 self._finish(row.req, FinishReason.abort(str(e)), error=e)
+                failed += 1
+        return failed
 
     def _multi_step_ok(self, req: Request) -> bool:
         """Rows the device can finish on its own between host syncs: greedy, or sampled where the
@@ -248,9 +252,14 @@ class Engine:
                 batch.rows, budgets, stop_on_eos, sampling, self.sampler.generator
             )
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
-            log.exception("multi-step decode failed; failing its %d requests", len(batch.rows))
-            for row in batch.rows:
-                self._finish(row.req, FinishReason.abort(str(e)), error=e)
+            # No token was handed out: the rows rerun as single steps, where only a request that
+            # fails again ends. If none does, the fault is the multi-step path's: it is turned off.
+            log.warning(
+                "multi-step decode of %d rows failed (%s); rerunning them one by one", len(batch.rows), e
+            )
+            if self._isolate(batch.rows) == 0:
+                log.error("multi-step decode fails where single steps do not; turning it off", exc_info=e)
+                self.multi_step_off = True
             return True
         if out is None:
             return False

@@ -135,21 +135,34 @@ class Runtime:
             )
         return ids
 
+    def _check_room(self, req: Request, sampling_params: dict[str, Any] | None) -> None:
+        """An explicit `max_new_tokens` past the context is refused (as SGLang and OpenAI do); the
+        default one is cut to the room left, where the engine stops the request at length."""
+        asked = (sampling_params or {}).get("max_new_tokens")
+        room = self.max_model_len - req.prompt_len
+        if asked is not None and req.params.max_new_tokens > room:
+            raise ContextLengthError(
+                f"max_new_tokens {req.params.max_new_tokens} does not fit: the prompt has {req.prompt_len} "
+                f"tokens and the context is {self.max_model_len}, so at most {room} can be generated; "
+                "lower max_new_tokens or shorten the prompt",
+                "max_new_tokens",
+            )
+
     def encode_prompt(self, prompt: Any) -> list[int]:
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
         self.check_prompt_chars(len(prompt))
         return self.tokenizer.encode(prompt)
 
-    def check_prompt_chars(self, chars: int) -> None:
+    def check_prompt_chars(self, chars: int, param: str = "prompt") -> None:
         """The cheap bound checked before tokenizing: raises `ContextLengthError` for a text that
         cannot fit the context whatever the tokenizer makes of it."""
         limit = self.max_model_len * CHARS_PER_TOKEN_BOUND
         if chars > limit:
             raise ContextLengthError(
                 f"the prompt has {chars} characters, more than this runtime's context of {self.max_model_len} "
-                f"tokens can hold at any tokenization (limit {limit} characters); shorten the prompt",
-                "prompt",
+                f"tokens can hold at any tokenization (limit {limit} characters); shorten the {param}",
+                param,
             )
 
     def submit(self, req: Request, sink: Any) -> None:
@@ -236,6 +249,7 @@ class Runtime:
         for ids, sp in zip(id_lists, params):
             n = _samples_per_prompt(sp)
             reqs += [self.make_request(ids, sp, **logprob_options) for _ in range(n)]
+            self._check_room(reqs[-1], sp)
         return reqs, batched or len(reqs) > len(id_lists)
 
     def run_requests(self, reqs: list[Request]) -> list[GenerateResult]:

@@ -171,8 +171,11 @@ class Scheduler:
         )
 
     def _ensure_free(self, pages: int, req: Request | None = None) -> bool:
-        """`pages` free for `req` beyond what protected requests are promised, evicting cache first."""
-        reserved = self._reserved(req) if self.running else 0
+        """`pages` free for `req`, evicting cache first. A protected request (or none) gets only pages
+        beyond what other protected requests are promised; an unprotected one may borrow promised
+        pages, since it is preempted first when a protected request grows into them."""
+        borrows = req is not None and not req.protected
+        reserved = self._reserved(req) if self.running and not borrows else 0
         short = pages + reserved - self.alloc.num_free
         if short > 0:
             self.cache.evict(short)

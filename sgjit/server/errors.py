@@ -54,7 +54,12 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, E.InvalidRequestError):
-        code = {E.ContextLengthError: "context_length_exceeded", E.GrammarError: "invalid_grammar"}
+        code = {
+            E.ContextLengthError: "context_length_exceeded",
+            E.GrammarError: "invalid_grammar",
+            E.ConflictingParamsError: "conflicting_parameters",
+            E.ModelCapabilityError: "unsupported_by_model",
+        }
         return ApiError(400, str(exc), param=exc.param, code=code.get(type(exc), "invalid_value"))
     if isinstance(exc, E.CapacityError):
         return ApiError(400, str(exc), code="capacity_exceeded")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sgjit.errors import InvalidRequestError
+from sgjit.errors import ModelCapabilityError
 
 if TYPE_CHECKING:
     from sgjit.runtime.tokenizer.tokenizer import Tokenizer
@@ -46,7 +46,7 @@ def fim_prompt(tokenizer: Tokenizer, prefix: str, suffix: str) -> list[int]:
     """Token ids of a fill-in-the-middle prompt; a 400 when the model has no FIM tokens."""
     fim = fim_tokens(tokenizer)
     if fim is None:
-        raise InvalidRequestError(
+        raise ModelCapabilityError(
             "suffix needs a model trained for fill-in-the-middle, and this model's vocabulary has no "
             "fill-in-the-middle tokens (<fim_prefix>/<fim_suffix>/<fim_middle> or a known variant); "
             "leave suffix out, or serve a FIM code model",

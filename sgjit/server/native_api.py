@@ -19,13 +19,14 @@ from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import unavailable
 from sgjit.server.info import model_info, server_info
+from sgjit.server.json_route import OffLoopJSONRoute
 from sgjit.server.limits import check_generate_n, check_requests
 from sgjit.server.openapi_doc import TOO_LARGE, WORK_ERRORS, json_or_sse, text_response
 from sgjit.server.protocol import GenerateRequest, GenerateResult
 from sgjit.server.sse import DONE, SSEResponse, sse
 from sgjit.server.state import Phase, accepting_runtime, server_state
 
-router = APIRouter(tags=["native"])
+router = APIRouter(tags=["native"], route_class=OffLoopJSONRoute)
 
 HEALTH_GENERATE_TIMEOUT_S = 30.0
 
@@ -39,7 +40,11 @@ def json_bytes(value: Any) -> bytes:
 @router.post(
     "/generate",
     response_class=Response,
-    responses={**json_or_sse(GenerateResult, "GenerateResult so far"), **WORK_ERRORS, **TOO_LARGE},
+    responses={
+        **json_or_sse(GenerateResult, "GenerateResult so far", or_list=True),
+        **WORK_ERRORS,
+        **TOO_LARGE,
+    },
 )
 async def generate(
     body: GenerateRequest, request: Request, rt: Runtime = Depends(accepting_runtime)
@@ -141,8 +146,7 @@ def get_server_info(request: Request) -> dict[str, Any]:
     return server_info(server_state(request))
 
 
-@router.get("/flush_cache")
-@router.post("/flush_cache")  # two routes: one OpenAPI operation id per method
+@router.api_route("/flush_cache", methods=["GET", "POST"])
 def flush_cache(request: Request) -> dict[str, int]:
     """Drop every prefix-cache entry no running request uses."""
     return {"pages_freed": server_state(request).loaded().flush_cache()}

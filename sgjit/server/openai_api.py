@@ -13,6 +13,7 @@ from sgjit.runtime.result import GenerateResult
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import RequestGroup
 from sgjit.server.errors import ApiError
+from sgjit.server.json_route import OffLoopJSONRoute
 from sgjit.server.limits import check_n, check_requests
 from sgjit.server.openai_output import chat_response, completion_response
 from sgjit.server.openai_params import Job, chat_job, completion_job
@@ -31,7 +32,7 @@ from sgjit.server.reasoning import default_parser
 from sgjit.server.sse import SSEResponse
 from sgjit.server.state import ServerState, accepting_runtime, server_state
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OffLoopJSONRoute)
 
 
 @router.get("/models")
@@ -47,7 +48,7 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[card])
 
 
-@router.get("/models/{model_id:path}")
+@router.get("/models/{model_id:path}", responses=NOT_FOUND)
 async def get_model(model_id: str, request: Request) -> ModelCard:
     state = server_state(request)
     listed = await list_models(request)

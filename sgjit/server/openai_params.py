@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sgjit.errors import ContextLengthError, InvalidRequestError
+from sgjit.errors import ConflictingParamsError, ContextLengthError, InvalidRequestError
 from sgjit.runtime.request import Request
 from sgjit.server.fim import fim_prompt
 from sgjit.server.openai_constraints import check_unsupported_chat_fields, output_constraint
@@ -50,13 +50,13 @@ def chat_job(
     rt: Runtime, body: ChatCompletionRequest, default_cap: int = 0, tool_call_parser: str = "auto"
 ) -> Job:
     """`default_cap`: the most tokens a request without max_tokens may generate (0: no cap)."""
-    if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise ConflictingParamsError("top_logprobs needs logprobs: true", "top_logprobs")
     check_unsupported_chat_fields(body)
     tools = tool_setup(body, rt.tokenizer, tool_call_parser)
-    messages, template_vars = render_inputs(
-        template_messages(body.messages), body, rt.tokenizer, offer_tools=body.tool_choice != "none"
-    )
+    plain = template_messages(body.messages)
+    rt.check_prompt_chars(sum(len(m["content"]) for m in plain), "messages")  # before templating
+    messages, template_vars = render_inputs(plain, body, rt.tokenizer, offer_tools=body.tool_choice != "none")
     ids = rt.tokenizer.encode_chat(messages, add_generation_prompt=True, **template_vars)
     max_tokens = body.max_completion_tokens or body.max_tokens
     constraint = output_constraint(body)
@@ -89,20 +89,22 @@ def completion_job(rt: Runtime, body: CompletionRequest, default_cap: int = 0) -
     which the engine computes from `logprob_start_len` 0); `suffix` makes a fill-in-the-middle
     prompt from the model's FIM tokens."""
     if body.best_of not in (None, 1, body.n):
-        raise InvalidRequestError("best_of other than n is not supported by this server", "best_of")
+        raise ConflictingParamsError(
+            "best_of other than n is not supported by this server; leave it out or set it to n", "best_of"
+        )
     prompts = _prompt_list(body.prompt)
     if not prompts:
         raise InvalidRequestError("prompt is an empty list; give at least one prompt", "prompt")
     if body.suffix is not None:
         if body.echo:
-            raise InvalidRequestError("echo and suffix cannot be combined; leave one out", "echo")
+            raise ConflictingParamsError("echo and suffix cannot be combined; leave one out", "echo")
         if not all(isinstance(p, str) for p in prompts):
-            raise InvalidRequestError("suffix needs the prompt as text, not token ids", "suffix")
+            raise ConflictingParamsError("suffix needs the prompt as text, not token ids", "suffix")
         id_lists = [fim_prompt(rt.tokenizer, p, body.suffix) for p in prompts]  # type: ignore[arg-type]
     else:
         id_lists = [rt.encode_prompt(p) if isinstance(p, str) else p for p in prompts]
     if body.max_tokens == 0 and not body.echo:
-        raise InvalidRequestError("max_tokens 0 only makes sense with echo (scoring a prompt)", "max_tokens")
+        raise ConflictingParamsError("max_tokens 0 needs echo: true (it scores the prompt)", "max_tokens")
     job = _job(
         rt,
         body,

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sgjit.errors import InvalidRequestError
+from sgjit.errors import ConflictingParamsError, InvalidRequestError
 from sgjit.server.tool_formats import ParsedCall, ToolFormat, ToolSpec, split_calls, tool_format
 
 if TYPE_CHECKING:
@@ -56,7 +56,9 @@ def tool_setup(body: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
-            raise InvalidRequestError("tool_choice needs tools: list the functions in tools", "tool_choice")
+            raise ConflictingParamsError(
+                "tool_choice needs tools: list the functions in tools", "tool_choice"
+            )
         return None
     if choice == "none":
         return None

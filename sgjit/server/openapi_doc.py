@@ -5,6 +5,7 @@ the schema fuzz test (tests/server/test_schema_fuzz.py) checks one description o
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from fastapi import FastAPI
@@ -43,18 +44,31 @@ NOT_FOUND = {404: _error("No such model or plan")}
 TOO_LARGE = {413: _error("The request body is larger than the server accepts")}
 
 
-def json_or_sse(model: type[BaseModel] | None, chunk: str) -> dict[int | str, dict[str, Any]]:
+# One server-sent event, as SSE readers (and schemathesis) parse it: `data` is the JSON text of a chunk
+# or `[DONE]`
+SSE_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+    "required": ["data"],
+}
+
+
+def json_or_sse(
+    model: type[BaseModel] | None, chunk: str, or_list: bool = False
+) -> dict[int | str, dict[str, Any]]:
     """200 of a route that streams when `stream` is true: the JSON answer or `data: <json>` events
-    (`chunk` names the model of each event; they end with `data: [DONE]`)."""
-    json_schema: dict[str, Any] = {"$ref": f"#/components/schemas/{model.__name__}"} if model else {}
+    (`chunk` names the model of each event; they end with `data: [DONE]`). `or_list`: a batch of
+    inputs is answered with a list of them."""
+    # FastAPI writes the schema of `model` (with its component) into the JSON content itself
+    answer: Any = (model | list[model]) if (model and or_list) else model  # type: ignore[operator]
     return {
         200: {
-            "model": model,
+            "model": answer,
             "description": f"The result, or with stream=true server-sent events: one {chunk} per `data:` line, "
             "then `data: [DONE]`",
             "content": {
-                "application/json": {"schema": json_schema},
-                "text/event-stream": {"schema": {"type": "string"}},
+                "application/json": {},
+                "text/event-stream": {"schema": SSE_EVENT},
             },
         }
     }
@@ -69,10 +83,15 @@ def install_openapi(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            with warnings.catch_warnings():  # its duplicate-id warning: the ids are made unique below
+                warnings.filterwarnings("ignore", "Duplicate Operation ID")
+                doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             for operations in doc.get("paths", {}).values():
-                for op in operations.values():
+                for method, op in operations.items():
                     op.get("responses", {}).pop("422", None)
+                    if len(operations) > 1:  # one route, several methods: FastAPI gives them one id
+                        base = op["operationId"].rsplit("_", 1)[0]  # it ends with the first method
+                        op["operationId"] = f"{base}_{method}"
             schemas = doc.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(name, None)

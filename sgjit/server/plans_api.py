@@ -26,13 +26,14 @@ from sgjit.lang.state import ProgramState
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.bridge import wait_for_disconnect
 from sgjit.server.errors import ApiError, ClientDisconnected
+from sgjit.server.json_route import OffLoopJSONRoute
 from sgjit.server.native_api import json_bytes
 from sgjit.server.openapi_doc import NOT_FOUND, TOO_LARGE, WORK_ERRORS, json_or_sse
 from sgjit.server.protocol import PlanRegisterRequest, PlanRunRequest
 from sgjit.server.sse import DONE, sse, with_error_event
 from sgjit.server.state import ServerState, accepting_runtime, server_state
 
-router = APIRouter(tags=["plans"])
+router = APIRouter(tags=["plans"], route_class=OffLoopJSONRoute)
 
 
 def _plan(request: Request, plan_hash: str) -> GraphPlan:

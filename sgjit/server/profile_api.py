@@ -12,10 +12,11 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from sgjit.server.errors import ApiError
+from sgjit.server.json_route import OffLoopJSONRoute
 from sgjit.server.protocol import ProfileRequest
 from sgjit.server.state import server_state
 
-router = APIRouter(tags=["profile"])
+router = APIRouter(tags=["profile"], route_class=OffLoopJSONRoute)
 
 # A trace name becomes a file name inside --profile-dir: letters, digits, '.', '_' and '-', not
 # starting with '.', so neither '../x', 'a/b', an absolute path nor a hidden file can be named.

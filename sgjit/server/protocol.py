@@ -8,12 +8,27 @@ from __future__ import annotations
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, create_model, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictInt,
+    WithJsonSchema,
+    create_model,
+    model_serializer,
+)
 
 from sgjit.runtime.sampling_params import KNOBS, OPENAI_KEYS
 
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limits
 MAX_COMPLETION_LOGPROBS = 5
+
+
+# A field read only to refuse it with a clear message: any value parses, the document says null.
+Refused = Annotated[
+    Any, WithJsonSchema({"type": "null", "description": "not supported: any other value is refused (400)"})
+]
 
 
 class Lenient(BaseModel):
@@ -33,9 +48,9 @@ class GenerateRequest(Lenient):
     stream: bool = False
     rid: str | list[str] | None = None  # SGLang's client-chosen request id: accepted, sgjit names its own
     # multimodal inputs: refused (the models served are text-only), never silently dropped
-    image_data: Any = None
-    video_data: Any = None
-    audio_data: Any = None
+    image_data: Refused = None
+    video_data: Refused = None
+    audio_data: Refused = None
 
 
 class GenerateResult(BaseModel):
@@ -176,10 +191,13 @@ class ChatCompletionRequest(OpenAISampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # OpenAI fields that would change the output and are not supported: refused by name
-    audio: dict[str, Any] | None = None
-    modalities: list[str] | None = None
-    prediction: dict[str, Any] | None = None
-    web_search_options: dict[str, Any] | None = None
+    audio: Refused = None
+    modalities: Annotated[
+        list[str] | None,
+        WithJsonSchema({"type": ["array", "null"], "items": {"type": "string", "enum": ["text"]}}),
+    ] = None
+    prediction: Refused = None
+    web_search_options: Refused = None
 
 
 class CompletionRequest(OpenAISampling):
@@ -188,7 +206,7 @@ class CompletionRequest(OpenAISampling):
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, description="accepted only equal to n (or 1)")
 
 
 # ----- OpenAI: responses -----

@@ -70,3 +70,14 @@ def test_serving_against_a_live_server(runtime, tmp_path):
 @pytest.mark.gpu
 def test_kernels(tmp_path):
     run_bench("kernels", ["--only", "elementwise"], tmp_path)
+
+
+def test_soak(tmp_path):
+    """A short soak of its own server: every request answered, greedy answers under load equal to
+    the same requests alone, and every KV page free again afterwards."""
+    r = run_bench("soak", ["--smoke"], tmp_path)
+    row = r["rows"][0]
+    assert r["errors"] == [] and row["errors"] == 0
+    assert row["greedy_checked"] > 0 and row["greedy_mismatches"] == 0, r["mismatches"]
+    assert row["leaked_pages"] == 0 and row["pages_end"] == row["pages_start"]
+    assert r["samples"] and all(s["health_ok"] for s in r["samples"])

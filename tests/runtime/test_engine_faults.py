@@ -52,6 +52,61 @@ def test_a_failing_forward_ends_only_its_request(runtime, monkeypatch, caplog):
     assert_no_leaked_pages(runtime)
 
 
+def _with_multi_step(runtime, monkeypatch, forward_multi) -> None:
+    """Make the CPU engine take its multi-step decode path, with `forward_multi` as the launch."""
+    runner = runtime.engine.runner
+    monkeypatch.setattr(type(runner), "multi_steps", property(lambda self: 3))
+    monkeypatch.setattr(runner, "forward_multi", forward_multi)
+    monkeypatch.setattr(runtime.engine, "multi_step_off", False)
+
+
+def test_a_failing_multi_step_launch_reruns_rows_singly_and_turns_itself_off(runtime, monkeypatch, caplog):
+    expected = [r.output_ids for r in runtime.run_requests(greedy_requests(runtime))]
+    launches = []
+
+    def broken(rows, *args):
+        launches.append(len(rows))
+        raise RuntimeError("injected multi-step graph failure")
+
+    _with_multi_step(runtime, monkeypatch, broken)
+    with caplog.at_level(logging.WARNING, logger="sgjit.runtime.engine"):
+        by_id = run_together(runtime, reqs := greedy_requests(runtime))
+    assert launches, "the multi-step path was taken"
+    for req, want in zip(reqs, expected):
+        assert by_id[req.rid].error is None and by_id[req.rid].result.output_ids == want
+    assert runtime.engine.multi_step_off is True  # single steps worked: the multi-step path is at fault
+    assert any("turning it off" in r.message for r in caplog.records)
+    monkeypatch.undo()
+    assert_no_leaked_pages(runtime)
+
+
+def test_a_request_failing_in_a_multi_step_launch_ends_alone(runtime, monkeypatch):
+    expected = [r.output_ids for r in runtime.run_requests(greedy_requests(runtime))]
+    reqs = greedy_requests(runtime)
+    poisoned = reqs[1]
+    forward = runtime.engine.runner.forward
+
+    def multi(rows, *args):
+        if any(row.req is poisoned for row in rows):
+            raise RuntimeError("injected launch failure")
+        return None  # "does not fit the graphs": the engine takes a single step
+
+    def single(rows):
+        if any(row.req is poisoned for row in rows) and poisoned.num_output >= 1:
+            raise RuntimeError("injected launch failure")
+        return forward(rows)
+
+    _with_multi_step(runtime, monkeypatch, multi)
+    monkeypatch.setattr(runtime.engine.runner, "forward", single)
+    by_id = run_together(runtime, reqs)
+    assert "injected launch failure" in str(by_id[poisoned.rid].error)
+    for i in (0, 2):
+        assert by_id[reqs[i].rid].error is None and by_id[reqs[i].rid].result.output_ids == expected[i]
+    assert runtime.engine.multi_step_off is False  # a request was at fault, not the path
+    monkeypatch.undo()
+    assert_no_leaked_pages(runtime)
+
+
 class FailingGrammar:
     """A grammar matcher that raises once the request has a few tokens (mid-generation)."""
 

@@ -441,6 +441,30 @@ def test_protected_request_is_preempted_last() -> None:
     assert s._preemption_victim() is p  # otherwise the newest
 
 
+def test_unprotected_request_borrows_pages_promised_to_a_protected_one() -> None:
+    """A compiled program's step is promised its worst case, but the pages it has not taken yet are
+    lent to an ordinary request (which runs at once instead of waiting for the program) and taken
+    back by preempting the borrower when the program grows into them. The program is never
+    preempted and both finish."""
+    s = _sched(num_pages=9)  # 8 usable
+    p = _req(range(3), max_new_tokens=25, rid="p", protected=True)  # worst case 28 tokens = 7 pages
+    s.add(p)
+    _step(s)
+    u = _req(range(40, 43), max_new_tokens=8, rid="u")
+    s.add(u)
+    batch = _step(s)
+    assert "u" in [rid for rid, *_ in _spans(batch)], "the borrower runs beside the program"
+    for _ in range(200):
+        if _step(s) is None:
+            break
+        for r in list(s.running):
+            if r.num_output >= r.params.max_new_tokens:
+                s.remove(r)
+    assert p.preemptions == 0
+    assert p.num_output == 25 and u.num_output == 8
+    _check_refcounts(s)
+
+
 # ----- schedule_decode_ahead -----
 
 

@@ -35,6 +35,8 @@ SEMANTIC_CODES = frozenset(
         "context_length_exceeded",  # prompt + output longer than the model's context
         "capacity_exceeded",  # more sequences or tokens than the KV cache holds
         "invalid_grammar",  # a regex / JSON schema the constrained decoder cannot compile
+        "conflicting_parameters",  # fields valid alone but not together (the document states each alone)
+        "unsupported_by_model",  # e.g. suffix on a model without fill-in-the-middle tokens
         "invalid_program",  # a plan whose JSON is not a GraphPlan, or run arguments it does not take
         "profiling_disabled",  # server started without --profile-dir
     }

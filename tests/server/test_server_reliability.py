@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import sgjit
-from sgjit.server import native_api
+from sgjit.server import json_route, native_api
 from sgjit.server.app import create_app
 from sgjit.server.args import ServerArgs
 from sgjit.server.auth import key_matches
@@ -66,13 +66,46 @@ def test_overlong_prompt_is_refused_before_tokenizing(live, runtime, monkeypatch
     srv = live()
     chars = runtime.max_model_len * 32 + 1
     monkeypatch.setattr(runtime.tokenizer, "encode", no_tokenizing)
+    monkeypatch.setattr(runtime.tokenizer, "encode_chat", no_tokenizing)  # nor templated
+    half = "a" * (chars // 2 + 1)  # each message fits alone; together they cannot
     with srv.client() as c:
-        for path, body in [
-            ("/generate", {"text": "a" * chars}),
-            ("/v1/completions", {"prompt": "a" * chars}),
+        for path, body, param in [
+            ("/generate", {"text": "a" * chars}, "prompt"),
+            ("/v1/completions", {"prompt": "a" * chars}, "prompt"),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "system", "content": half}, {"role": "user", "content": half}]},
+                "messages",
+            ),
         ]:
             r = c.post(path, json=body)
-            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", path
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["code"] == "context_length_exceeded", path
+            assert error["param"] == param, path
+
+
+def test_large_json_bodies_are_parsed_off_the_event_loop(live, monkeypatch):
+    """A body over OFF_LOOP_BYTES is parsed on a worker thread, and answered as a small one would
+    be: valid JSON reaches the route, invalid JSON gets the usual 400."""
+    threads: list[str] = []
+    parse = json_route._parse
+    monkeypatch.setattr(
+        json_route, "_parse", lambda body: (threads.append(threading.current_thread().name), parse(body))[1]
+    )
+    srv = live()
+    pad = " " * (json_route.OFF_LOOP_BYTES + 1)  # whitespace: a large body with a short prompt
+    body = '{"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}' + pad
+    with srv.client() as c:
+        ok = c.post("/generate", content=body, headers={"content-type": "application/json"})
+        bad = c.post(
+            "/generate", content=body[: -len(pad)] + "}" + pad, headers={"content-type": "application/json"}
+        )
+        small = c.post(
+            "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        )
+    assert ok.status_code == 200 and ok.json()["text"] == small.json()["text"]
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    assert len(threads) == 2 and all(name != srv.thread.name for name in threads), threads
 
 
 def test_health_stays_fast_during_a_flood_of_huge_prompts(live):
