@@ -174,7 +174,7 @@ class OpenAISampling(OpenAISamplingFields):  # type: ignore[misc, valid-type]
     guided_choice: list[str] | None = Field(None, min_length=1)
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None  # accepted: the backend is always llguidance
-    guided_whitespace_pattern: str | None = None  # refused: llguidance has no such knob
+    guided_whitespace_pattern: Refused = None  # refused: llguidance has no such knob
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields the request set, under `SamplingParams` names."""
