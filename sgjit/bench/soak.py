@@ -223,6 +223,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         writer.cancel()
         elapsed = time.monotonic() - t0
         end = await settle(client)
+    rss_end = rss_mb(pid)
     warm = [s["rss_mb"] for s in samples if s["t"] >= args.warmup] or [samples[-1]["rss_mb"]]
     health = [s["health_ms"] for s in samples]
     row = {
@@ -231,8 +232,8 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         "greedy_checked": tally.greedy_checked, "greedy_mismatches": len(tally.mismatches),
         "pages_start": start["kv_pages_free"], "pages_end": end["kv_pages_free"],
         "leaked_pages": start["kv_pages_free"] - end["kv_pages_free"], "rss_start_mb": round(rss_start, 1),
-        "rss_warm_mb": round(warm[0], 1), "rss_end_mb": round(rss_mb(pid), 1),
-        "rss_growth_after_warmup_mb": round(rss_mb(pid) - warm[0], 1),
+        "rss_warm_mb": round(warm[0], 1), "rss_end_mb": round(rss_end, 1),
+        "rss_growth_after_warmup_mb": round(rss_end - warm[0], 1),
         "rss_max_after_warmup_mb": round(max(warm), 1),
         "health_p50_ms": statistics.median(health), "health_max_ms": max(health),
         "output_tok_s": tally.output_tokens / elapsed,
