@@ -21,6 +21,12 @@
 // [page, slot, kv head, D]) instead of strided ones. Decode launches use a static grid — one item per
 // row (times the m tiles of a group) and a split count fixed by the caller — and read each row's
 // real length from kv_lens on the device, so a CUDA graph captured once replays for any lengths.
+//
+// split_len > 0 fixes each split to that many keys from position 0 (a multiple of BN; the caller
+// launches enough splits to cover the longest row, extra ones write lse = -inf and merge to nothing).
+// Every key tile then starts at the same absolute position in every launch, so a query's output
+// depends only on its own position and keys, not on its batch, its chunk or the tile it shares:
+// the batch-invariant (deterministic) mode. split_len == 0 splits each row evenly.
 #include "common.cuh"
 
 using namespace sgjit;
@@ -80,7 +86,7 @@ __global__ void __launch_bounds__(32 * WM * WN)
                      const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
                      const int* __restrict__ work, int item_base, int m_tiles, T* __restrict__ out,
                      float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
-                     float scale_log2, float v_scale) {
+                     float scale_log2, float v_scale, int split_len) {
   constexpr int NT = 32 * WM * WN;
   constexpr int BM = 16 * MW * WM;
   constexpr int BNW = BN / WN;
@@ -125,7 +131,7 @@ __global__ void __launch_bounds__(32 * WM * WN)
   const int i_last = min(q_len - 1, (pr0 + BM - 1) / G);
   const int pos_first = kv_len - q_len + i_first;
   const int pos_last = kv_len - q_len + i_last;
-  const int chunk = ((kv_len + num_splits - 1) / num_splits + BN - 1) / BN * BN;
+  const int chunk = split_len > 0 ? split_len : ((kv_len + num_splits - 1) / num_splits + BN - 1) / BN * BN;
   const int kv_begin = split * chunk;
   const int kv_end = min(kv_len, kv_begin + chunk);
   const int kv_stop = min(kv_end, pos_last + 1);

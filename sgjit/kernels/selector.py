@@ -54,6 +54,17 @@ def decode_splits(
     return max(1, min(want, by_context, MAX_DECODE_SPLITS))
 
 
+MIN_INVARIANT_SPLIT = 512
+
+
+def invariant_split_len(tile: AttnTile, max_context: int) -> int:
+    """Keys per split in batch-invariant mode: fixed for the runtime (so the same for every step and
+    row), at least 512 so prefill does not multiply its CTAs, and long enough that the longest
+    context needs at most MAX_DECODE_SPLITS splits. A multiple of the tile's key block."""
+    want = max(MIN_INVARIANT_SPLIT, -(-max_context // MAX_DECODE_SPLITS))
+    return -(-want // tile.bn) * tile.bn
+
+
 def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnTile, AttnTile, str]:
     """The preferred decode tile with two resident CTAs per SM and the first prefill tile that fits."""
     d, kvb = shapes.head_dim, shapes.kv_bytes
@@ -203,6 +214,13 @@ class KernelSelector:
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
         tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre}
+        if workload.batch_invariant:
+            split_len = invariant_split_len(dec, workload.max_context)
+            tunables.update(prefill_tile=dec, split_len=split_len)
+            return tunables, (
+                f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
+                f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
+            )
         if self.autotune:
             for knob in ("decode_tile", "prefill_tile"):
                 tunables[knob], how = self._autotuned(profile, shapes, workload, knob, tunables[knob])

@@ -58,6 +58,7 @@ class Workload:
     max_batch: int = 256  # rows in a decode step
     max_context: int = 8192  # longest row's KV length: bounds the decode split count
     max_prefill_tokens: int = 2048
+    batch_invariant: bool = False  # deterministic mode: a row's numerics independent of its batch
 
 
 @dataclass(frozen=True, slots=True)

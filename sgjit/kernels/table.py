@@ -48,8 +48,14 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
         t = ks[op].tunables
         return {
             op: attention.PagedAttention(
-                profile, shapes, dtype, t["decode_tile"], t["prefill_tile"], ks.workload.max_context
-            )
+                profile,
+                shapes,
+                dtype,
+                t["decode_tile"],
+                t["prefill_tile"],
+                ks.workload.max_context,
+                split_len=t.get("split_len", 0),
+            )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from sgjit.errors import SgjitError
+from sgjit.errors import InvalidRequestError, SgjitError
+from sgjit.kernels.batch_invariant import fixed_rows
 from sgjit.kernels.cpu import cpu_ops
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.reference import REFERENCE_OPS
@@ -76,14 +77,23 @@ def _ops(
     pool: PagedKVPool,
     max_len: int,
 ) -> tuple[OpTable, KernelSet | None]:
+    if cfg.deterministic and (device.type != "cuda" or not cfg.use_cuda_kernels):
+        raise InvalidRequestError(
+            "deterministic inference needs sgjit's CUDA kernels: run on a GPU with --enable-jit "
+            "(or cuda_kernels=True); on CPU, or with the torch reference ops, leave it off",
+            "deterministic",
+        )
     if device.type == "cpu":
         return cpu_ops(dtype), None
     if not cfg.use_cuda_kernels:
         return REFERENCE_OPS, None
     from sgjit.kernels.table import cuda_op_table  # CuPy and NVRTC only when the kernels are on
 
-    workload = Workload(cfg.max_running_requests, max_len, cfg.chunked_prefill_size)
-    return cuda_op_table(device, mc, dtype, pool.dtype, cfg.page_size, workload)
+    workload = Workload(cfg.max_running_requests, max_len, cfg.chunked_prefill_size, cfg.deterministic)
+    ops, kernel_set = cuda_op_table(device, mc, dtype, pool.dtype, cfg.page_size, workload)
+    if cfg.deterministic:
+        ops = ops.with_overrides(linear=fixed_rows(ops.linear))
+    return ops, kernel_set
 
 
 def assemble(cfg: RuntimeConfig) -> Assembly:

@@ -31,6 +31,7 @@ class RuntimeConfig:
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
     multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
+    deterministic: bool = False  # GPU + CUDA kernels: a request's tokens independent of its batch
     seed: int | None = None
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
 

@@ -36,5 +36,5 @@ def create_app(args: ServerArgs, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit=args.max_request_bytes)
     if args.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, key=args.api_key)
-    install_openapi(app)
+    install_openapi(app, args)
     return app

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sgjit import errors as E
+from sgjit.server.protocol import FORMAT_TAGS
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,9 @@ def internal_error(exc: BaseException, what: str) -> ApiError:
 def _validation_error(exc: RequestValidationError) -> ApiError:
     """FastAPI's 422 as OpenAI's 400: the first problem, with the field it is about as `param`."""
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(str(p))]
+    loc = _field_path(first.get("loc", ()))
+    if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):
+        loc.append(str(first.get("ctx", {}).get("discriminator", "")).strip("'"))
     if first.get("type") == "json_invalid":
         error = first.get("ctx", {}).get("error", "")
         return ApiError(400, f"the request body is not valid JSON ({error})", code="invalid_json")
@@ -114,6 +117,19 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     param = ".".join(loc) or None
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return ApiError(400, message, param=param, code="invalid_value")
+
+
+def _field_path(loc: tuple[Any, ...]) -> list[str]:
+    """The request fields of a pydantic error location, without the names pydantic adds for union
+    members: `body`, the member's type (`text.str`) or, under a discriminated union such as
+    `response_format`, its tag (`response_format.json_schema.json_schema`)."""
+    parts = [str(p) for p in loc]
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        tag = i > 0 and parts[i - 1] == "response_format" and part in FORMAT_TAGS
+        if part != "body" and not tag and not _is_union_tag(part):
+            out.append(part)
+    return out
 
 
 def _is_union_tag(part: str) -> bool:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sgjit.errors import InvalidRequestError
-from sgjit.server.protocol import ChatCompletionRequest, OpenAISampling
+from sgjit.errors import ConflictingParamsError, InvalidRequestError
+from sgjit.server.protocol import ChatCompletionRequest, JsonObjectFormat, JsonSchemaFormat, OpenAISampling
 
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -43,19 +43,16 @@ def output_constraint(body: OpenAISampling) -> dict[str, Any]:
         found.extend(_structured_outputs(body))
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
-        raise InvalidRequestError(f"{names} each constrain the output; give only one", found[1][0])
+        raise ConflictingParamsError(f"{names} each constrain the output; give only one", found[1][0])
     return found[0][1] if found else {}
 
 
 def _response_format(body: OpenAISampling) -> dict[str, Any]:
     fmt = body.response_format
     assert fmt is not None
-    if fmt.type == "json_object":
+    if isinstance(fmt, JsonObjectFormat):
         return {"json_schema": fmt.schema_ or ANY_JSON_OBJECT}
-    if fmt.json_schema is None:
-        raise InvalidRequestError(
-            "response_format of type json_schema needs a json_schema object", "response_format.json_schema"
-        )
+    assert isinstance(fmt, JsonSchemaFormat)
     return {"json_schema": fmt.json_schema.schema_ or ANY_JSON_OBJECT}
 
 

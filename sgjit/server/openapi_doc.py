@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from sgjit.server.args import ServerArgs
+
 
 class ErrorDetail(BaseModel):
     message: str
@@ -78,8 +80,46 @@ def text_response(media_type: str, description: str) -> dict[int | str, dict[str
     return {200: {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}}
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Generate the document once, without FastAPI's 422 entries and their models."""
+def _branches(prop: dict[str, Any]) -> list[dict[str, Any]]:
+    return prop.get("anyOf", [prop])
+
+
+def _cap(prop: dict[str, Any], kind: str, key: str, value: int) -> None:
+    """Set `key` (at most `value`) on every branch of `prop` of JSON type `kind`."""
+    for branch in _branches(prop):
+        if branch.get("type") == kind:
+            branch[key] = min(branch.get(key, value), value)
+
+
+def state_limits(schemas: dict[str, Any], args: ServerArgs) -> None:
+    """Write this server's per-request caps (`--max-n`, `--max-stop-strings`, ...) into the request
+    bodies, so the document states the limits the server answers 400 past."""
+    for name, schema in schemas.items():
+        props = schema.get("properties", {}) if name.endswith("Request") else {}
+        if "n" in props:
+            _cap(props["n"], "integer", "maximum", args.max_n)
+        for field in ("top_logprobs", "top_logprobs_num") + (
+            ("logprobs",) if name == "CompletionRequest" else ()
+        ):
+            if field in props:
+                _cap(props[field], "integer", "maximum", args.max_top_logprobs)
+        for field in ("stop", "stop_regex"):
+            if field in props:
+                _cap(props[field], "string", "maxLength", args.max_stop_length)
+                _cap(props[field], "array", "maxItems", args.max_stop_strings)
+                for branch in _branches(props[field]):
+                    if branch.get("type") == "array":
+                        _cap(branch["items"], "string", "maxLength", args.max_stop_length)
+                    for string in (branch, branch.get("items", {})):
+                        if field == "stop" and string.get("type") == "string":
+                            string["minLength"] = 1  # an empty stop string would stop at once: refused
+        if "stop_token_ids" in props:
+            _cap(props["stop_token_ids"], "array", "maxItems", args.max_stop_token_ids)
+
+
+def install_openapi(app: FastAPI, args: ServerArgs) -> None:
+    """Generate the document once, without FastAPI's 422 entries and their models, with the
+    server's limits stated."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -95,6 +135,7 @@ def install_openapi(app: FastAPI) -> None:
             schemas = doc.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(name, None)
+            state_limits(schemas, args)
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -25,6 +26,13 @@ MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limits
 MAX_COMPLETION_LOGPROBS = 5
 
 
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's integer: 3.0 is one (the document cannot say otherwise), true and "3" are not."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JsonInt = Annotated[StrictInt, BeforeValidator(_whole_number)]
+
 # A field read only to refuse it with a clear message: any value parses, the document says null.
 Refused = Annotated[
     Any, WithJsonSchema({"type": "null", "description": "not supported: any other value is refused (400)"})
@@ -39,7 +47,7 @@ class Lenient(BaseModel):
 class GenerateRequest(Lenient):
     text: str | list[str] | None = None
     # token ids must be JSON integers: lax mode would take true, 1.0 or "7" as ids
-    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None  # ids: 1.0 is not one
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     return_logprob: bool = False
     logprob_start_len: int = -1
@@ -119,10 +127,23 @@ class JsonSchemaSpec(Lenient):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
-class ResponseFormat(Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
+class TextFormat(Lenient):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Lenient):
+    type: Literal["json_object"]
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # vLLM's / SGLang's json_object + schema
+
+
+class JsonSchemaFormat(Lenient):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+FORMAT_TAGS = frozenset({"text", "json_object", "json_schema"})
+# One model per `type`, so the document states that json_schema needs its `json_schema` object.
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]  # noqa: UP007
 
 
 class StructuredOutputs(BaseModel):
@@ -146,7 +167,9 @@ def _strict(tp: Any) -> Any:
         return list[_strict(args[0])]  # type: ignore[misc]
     if origin is dict:
         return dict[args[0], _strict(args[1])]  # type: ignore[misc]
-    return Annotated[tp, Strict()] if tp in (int, float, bool, str) else tp
+    if tp is int:
+        return JsonInt
+    return Annotated[tp, Strict()] if tp in (float, bool, str) else tp
 
 
 # The sampling fields of OpenAI requests (OpenAI's own and the extras SGLang and vLLM accept), one
@@ -163,7 +186,7 @@ class OpenAISampling(OpenAISamplingFields):  # type: ignore[misc, valid-type]
     """Fields chat and text completions share."""
 
     model: str | None = None
-    n: StrictInt = Field(1, ge=1)  # the cap is the server's --max-n (sgjit.server.limits)
+    n: JsonInt = Field(1, ge=1)  # the cap is the server's --max-n (sgjit.server.limits)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Structured output: at most one of these (and of the regex / json_schema / ebnf extras)

@@ -63,6 +63,8 @@ BAD_JSON_BODIES = [
     (CHAT, chat(seed=2**64), 400, "seed"),
     (CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     (CHAT, chat(response_format={"type": "bogus"}), 400, "response_format.type"),
+    (CHAT, chat(response_format={"type": "json_schema"}), 400, "response_format.json_schema"),
+    (CHAT, chat(guided_choice=["a"], guided_regex="a"), 400, "guided_choice"),
     (
         CHAT,
         chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),

@@ -63,11 +63,17 @@ class PagedAttention:
         max_context: int,
         fixed_splits: int | None = None,
         kv_prefetch: int = 0,
+        split_len: int = 0,
     ) -> None:
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
         self.max_context = max_context
         self.fixed_splits = fixed_splits  # decode split count set by hand (benchmarks, tests)
+        # > 0: every split holds this many keys from position 0 (batch-invariant mode; the selector
+        # then gives decode and prefill one tile, so a query's result depends on nothing but itself).
+        if split_len % decode_tile.bn or split_len % prefill_tile.bn or split_len < 0:
+            raise ValueError(f"split_len {split_len} must be a multiple of the tiles' key blocks")
+        self.split_len = split_len
         names = [
             attention_name(shapes, decode_tile),
             attention_name(shapes, prefill_tile),
@@ -83,6 +89,8 @@ class PagedAttention:
 
     def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
         """Decode split count for a batch size and a static context bound (a graph bucket's)."""
+        if self.split_len:
+            return -(-(max_context or self.max_context) // self.split_len)
         if self.fixed_splits is not None:
             return self.fixed_splits
         return decode_splits(
@@ -113,7 +121,9 @@ class PagedAttention:
             )
             ctas = len(items) * hkv
             splits = 1
-            if 0 < ctas < self.profile.sm_count:  # few long rows: split their keys too
+            if self.split_len:
+                splits = -(-meta.max_kv_len // self.split_len)
+            elif 0 < ctas < self.profile.sm_count:  # few long rows: split their keys too
                 splits = max(
                     1, min(-(-2 * self.profile.sm_count // ctas), meta.max_kv_len // (4 * tile.bn), 16)
                 )
@@ -146,7 +156,7 @@ class PagedAttention:
                 (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
                  ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(plan.work), np.int32(base), np.int32(plan.m_tiles),
                  ptr(out), ptr(part_o), ptr(part_lse), np.int32(n), np.int32(s.num_kv_heads),
-                 np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale)),
+                 np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale), np.int32(self.split_len)),
                 plan.tile.smem_bytes(d, s.kv_bytes),
             )  # fmt: skip
         if splits > 1:
