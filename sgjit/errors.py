@@ -40,6 +40,10 @@ class ModelCapabilityError(InvalidRequestError):
     """The request needs something the served model lacks (e.g. fill-in-the-middle tokens)."""
 
 
+class VocabularyError(InvalidRequestError):
+    """A token id outside the served model's vocabulary (the range depends on the model)."""
+
+
 class GrammarError(InvalidRequestError):
     """A regex, JSON schema or choice list could not be compiled into a grammar."""
 

@@ -28,7 +28,8 @@ COLUMNS = [
     "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
     "decode_vs_transformers", "prefill_vs_transformers",
 ]  # fmt: skip
-ENGINES = ("sgjit-jit", "sgjit", "transformers")
+ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic")
+DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     add_output_args(p)
     return p
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runtimes = {"sgjit": Runtime(model, **opts)}
     if "sgjit-jit" in args.engines:
         runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
+    if "sgjit-deterministic" in args.engines:  # the JIT with batch-invariant GEMMs and attention
+        runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
     base = runtimes["sgjit"]
     try:
         ceilings = base.engine.call(lambda: measure(base.device))

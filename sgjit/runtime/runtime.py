@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyError
+from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyError, VocabularyError
 from sgjit.runtime.assembly import assemble
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.engine import Engine, EngineParts
@@ -87,13 +87,11 @@ class Runtime:
                 "top_logprobs_num",
             )
         if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
-            raise InvalidRequestError(
+            raise VocabularyError(
                 f"logit_bias token ids must lie in the vocabulary [0, {vocab})", "logit_bias"
             )
         if any(not 0 <= t < vocab for t in params.stop_token_ids):
-            raise InvalidRequestError(
-                f"stop_token_ids must lie in the vocabulary [0, {vocab})", "stop_token_ids"
-            )
+            raise VocabularyError(f"stop_token_ids must lie in the vocabulary [0, {vocab})", "stop_token_ids")
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise InvalidRequestError(
                 "logprob_start_len must be -1 or a prompt position >= 0", "logprob_start_len"
@@ -126,7 +124,7 @@ class Runtime:
         vocab = self.model_config.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", "input_ids")
+            raise VocabularyError(f"token id {bad} is outside the vocabulary [0, {vocab})", "input_ids")
         if len(ids) >= self.max_model_len:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but this runtime's context is {self.max_model_len} tokens "

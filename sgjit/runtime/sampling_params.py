@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sgjit.errors import InvalidRequestError
+from sgjit.errors import GrammarError, InvalidRequestError
 from sgjit.runtime.text_input import check_text
 
 Convert = Callable[[str, Any], Any]
@@ -109,13 +109,16 @@ def _check_strings(value: Any, key: str) -> None:
             _check_strings(v, key)
 
 
+TOKEN_ID_KEY = re.compile(r"\s*-?[0-9]+\s*")  # a logit_bias key: a decimal token id (ASCII digits)
+
+
 def _logit_bias(key: str, v: Any) -> dict[int, float]:
     """OpenAI's / SGLang's `{"token id": bias}` (keys may be ints or their decimal strings)."""
     if not isinstance(v, dict):
         raise InvalidRequestError(f"sampling parameter {key!r} must be an object of token id -> bias", key)
     out = {}
     for tok, bias in v.items():
-        if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+        if isinstance(tok, str) and TOKEN_ID_KEY.fullmatch(tok):
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int):
             raise InvalidRequestError(f"logit_bias keys must be token ids, got {tok!r}", key)
@@ -255,11 +258,13 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
-        _check(
-            all(_compiles(r) for r in self.stop_regex),
-            "stop_regex",
-            "must be valid regular expressions that do not match the empty string",
-        )
+        bad = next((r for r in self.stop_regex if not _compiles(r)), None)
+        if bad is not None:  # a grammar problem (the content of the field), not a range
+            raise GrammarError(
+                f"sampling parameter 'stop_regex' {bad!r} is not a valid regular expression that cannot "
+                "match the empty string",
+                "stop_regex",
+            )
         _check(
             self.logit_bias is None or all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()),
             "logit_bias",

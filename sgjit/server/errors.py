@@ -60,6 +60,7 @@ def to_api_error(exc: BaseException) -> ApiError:
             E.GrammarError: "invalid_grammar",
             E.ConflictingParamsError: "conflicting_parameters",
             E.ModelCapabilityError: "unsupported_by_model",
+            E.VocabularyError: "token_out_of_vocabulary",
         }
         return ApiError(400, str(exc), param=exc.param, code=code.get(type(exc), "invalid_value"))
     if isinstance(exc, E.CapacityError):

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from sgjit.runtime.sampling_params import TOKEN_ID_KEY
 from sgjit.server.args import ServerArgs
 
 
@@ -92,8 +93,8 @@ def _cap(prop: dict[str, Any], kind: str, key: str, value: int) -> None:
 
 
 def state_limits(schemas: dict[str, Any], args: ServerArgs) -> None:
-    """Write this server's per-request caps (`--max-n`, `--max-stop-strings`, ...) into the request
-    bodies, so the document states the limits the server answers 400 past."""
+    """Write this server's per-request caps (`--max-n`, `--max-stop-strings`, ...) and the form of
+    logit_bias keys into the request bodies, so the document states what the server answers 400 to."""
     for name, schema in schemas.items():
         props = schema.get("properties", {}) if name.endswith("Request") else {}
         if "n" in props:
@@ -113,6 +114,10 @@ def state_limits(schemas: dict[str, Any], args: ServerArgs) -> None:
                     for string in (branch, branch.get("items", {})):
                         if field == "stop" and string.get("type") == "string":
                             string["minLength"] = 1  # an empty stop string would stop at once: refused
+        if "logit_bias" in props:  # keys are decimal token ids
+            for branch in _branches(props["logit_bias"]):
+                if branch.get("type") == "object":
+                    branch["propertyNames"] = {"pattern": "^" + TOKEN_ID_KEY.pattern + "$"}
         if "stop_token_ids" in props:
             _cap(props["stop_token_ids"], "array", "maxItems", args.max_stop_token_ids)
 

@@ -41,6 +41,7 @@ SEMANTIC_CODES = frozenset(
         "invalid_grammar",  # a regex / JSON schema the constrained decoder cannot compile
         "conflicting_parameters",  # fields valid alone but not together (the document states each alone)
         "unsupported_by_model",  # e.g. suffix on a model without fill-in-the-middle tokens
+        "token_out_of_vocabulary",  # a token id (logit_bias, stop_token_ids) past this model's vocabulary
         "invalid_program",  # a plan whose JSON is not a GraphPlan, or run arguments it does not take
         "profiling_disabled",  # server started without --profile-dir
     }

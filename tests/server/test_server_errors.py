@@ -65,6 +65,7 @@ BAD_JSON_BODIES = [
     (CHAT, chat(response_format={"type": "bogus"}), 400, "response_format.type"),
     (CHAT, chat(response_format={"type": "json_schema"}), 400, "response_format.json_schema"),
     (CHAT, chat(guided_choice=["a"], guided_regex="a"), 400, "guided_choice"),
+    (CHAT, chat(logit_bias={"\u00b2": 1}), 400, "logit_bias"),  # a unicode digit is not a token id
     (
         CHAT,
         chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),
