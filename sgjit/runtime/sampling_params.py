@@ -24,6 +24,33 @@ MAX_SAMPLES_PER_PROMPT = 128
 
 
 @dataclass(frozen=True, slots=True)
+class Range:
+    """The values a numeric knob may take: checked by `validate` and stated in the OpenAI schema."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False  # lo itself excluded
+
+    def holds(self, v: float) -> bool:
+        above = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
+        return above and (self.hi is None or v <= self.hi)
+
+    def text(self) -> str:
+        if self.hi is None:
+            return f"must be {'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+
+    def schema_bounds(self) -> dict[str, float]:
+        """pydantic `Field` keywords (ge / gt / le) for the same range."""
+        out: dict[str, float] = {}
+        if self.lo is not None:
+            out["gt" if self.lo_open else "ge"] = self.lo
+        if self.hi is not None:
+            out["le"] = self.hi
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Knob:
     """How one sampling parameter is read and where it is offered besides `sampling_params`."""
 
@@ -32,6 +59,7 @@ class Knob:
     gen: str | None = None  # its gen() keyword; None: not a gen parameter
     run: bool = False  # also a keyword of Function.run()/run_batch(): the default of every gen
     openai: str | None = None  # its field in OpenAI requests; None: not offered there
+    range: Range | None = None  # numeric knobs: the values allowed
 
 
 def _int(key: str, v: Any) -> int:
@@ -146,19 +174,39 @@ def knob(default: Any, convert: Convert, accepts: Any, **where: Any) -> Any:
 
 @dataclass(slots=True)
 class SamplingParams:
-    max_new_tokens: int = knob(128, _int, int, gen="max_tokens", run=True)
-    min_new_tokens: int = knob(0, _int, int, gen="min_tokens", openai="min_tokens")
-    temperature: float = knob(1.0, _float, float, gen="temperature", run=True, openai="temperature")
-    top_p: float = knob(1.0, _float, float, gen="top_p", run=True, openai="top_p")
-    top_k: int = knob(-1, _top_k, int, gen="top_k", run=True, openai="top_k")
-    min_p: float = knob(0.0, _float, float, gen="min_p", run=True, openai="min_p")
+    max_new_tokens: int = knob(128, _int, int, gen="max_tokens", run=True, range=Range(0))
+    min_new_tokens: int = knob(0, _int, int, gen="min_tokens", openai="min_tokens", range=Range(0))
+    temperature: float = knob(
+        1.0, _float, float, gen="temperature", run=True, openai="temperature", range=Range(0.0)
+    )
+    top_p: float = knob(
+        1.0, _float, float, gen="top_p", run=True, openai="top_p", range=Range(0.0, 1.0, True)
+    )
+    top_k: int = knob(
+        -1, _top_k, int, gen="top_k", run=True, openai="top_k", range=Range(-1, 2**31 - 1)
+    )  # 0, -1: off
+    min_p: float = knob(0.0, _float, float, gen="min_p", run=True, openai="min_p", range=Range(0.0, 1.0))
     frequency_penalty: float = knob(
-        0.0, _float, float, gen="frequency_penalty", run=True, openai="frequency_penalty"
+        0.0,
+        _float,
+        float,
+        gen="frequency_penalty",
+        run=True,
+        openai="frequency_penalty",
+        range=Range(-2.0, 2.0),
     )
     presence_penalty: float = knob(
-        0.0, _float, float, gen="presence_penalty", run=True, openai="presence_penalty"
+        0.0,
+        _float,
+        float,
+        gen="presence_penalty",
+        run=True,
+        openai="presence_penalty",
+        range=Range(-2.0, 2.0),
     )
-    repetition_penalty: float = knob(1.0, _float, float, openai="repetition_penalty")
+    repetition_penalty: float = knob(
+        1.0, _float, float, openai="repetition_penalty", range=Range(0.0, 2.0, True)
+    )
     stop: list[str] = knob([], _str_list, str | list[str], gen="stop", run=True, openai="stop")
     stop_regex: list[str] = knob(
         [], _str_list, str | list[str], gen="stop_regex", run=True, openai="stop_regex"
@@ -169,7 +217,7 @@ class SamplingParams:
     ignore_eos: bool = knob(False, _bool, bool, gen="ignore_eos", run=True, openai="ignore_eos")
     skip_special_tokens: bool = knob(True, _bool, bool, openai="skip_special_tokens")
     no_stop_trim: bool = knob(False, _bool, bool)
-    seed: int | None = knob(None, _int, int, openai="seed")
+    seed: int | None = knob(None, _int, int, openai="seed", range=Range(0, 2**63 - 1))
     sampling_seed: int | None = knob(None, _int, int)  # SGLang's name for seed (folded into it)
     logit_bias: dict[int, float] | None = knob(None, _logit_bias, dict[str, float], openai="logit_bias")
     # Accepted so SGLang's frontend and clients work unchanged; they change nothing here:
@@ -248,15 +296,10 @@ class SamplingParams:
         return {k: getattr(self, k) for k in KNOBS if getattr(self, k) != getattr(default, k)}
 
     def validate(self) -> None:
-        _check(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
-        _check(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
-        _check(self.temperature >= 0.0, "temperature", "must be >= 0")
-        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
-        _check(self.top_k == -1 or 1 <= self.top_k < 2**31, "top_k", "must be -1 (off) or in [1, 2**31)")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
+        for name, k in KNOBS.items():
+            value = getattr(self, name)
+            if k.range is not None and value is not None:
+                _check(k.range.holds(value), name, k.range.text())
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
         bad = next((r for r in self.stop_regex if not _compiles(r)), None)
         if bad is not None:  # a grammar problem (the content of the field), not a range
@@ -270,7 +313,6 @@ class SamplingParams:
             "logit_bias",
             "biases must be in [-100, 100]",
         )
-        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
         constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
         _check(
             len(constraints) <= 1,

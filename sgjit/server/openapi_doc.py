@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from sgjit.runtime.sampling_params import TOKEN_ID_KEY
+from sgjit.runtime.sampling_params import KNOBS, OPENAI_KEYS, TOKEN_ID_KEY
 from sgjit.server.args import ServerArgs
 
 
@@ -114,10 +114,26 @@ def state_limits(schemas: dict[str, Any], args: ServerArgs) -> None:
                     for string in (branch, branch.get("items", {})):
                         if field == "stop" and string.get("type") == "string":
                             string["minLength"] = 1  # an empty stop string would stop at once: refused
+        for (
+            field,
+            key,
+        ) in OPENAI_KEYS.items():  # pydantic writes integer bounds as floats: 2**63 - 1 rounds up
+            rng = KNOBS[key].range
+            if field in props and rng is not None and KNOBS[key].accepts is int:
+                for branch in _branches(props[field]):
+                    if branch.get("type") == "integer":
+                        branch.update(
+                            {
+                                k: int(v)
+                                for k, v in (("minimum", rng.lo), ("maximum", rng.hi))
+                                if v is not None
+                            }
+                        )
         if "logit_bias" in props:  # keys are decimal token ids
             for branch in _branches(props["logit_bias"]):
                 if branch.get("type") == "object":
                     branch["propertyNames"] = {"pattern": "^" + TOKEN_ID_KEY.pattern + "$"}
+                    branch["additionalProperties"] = {"type": "number", "minimum": -100, "maximum": 100}
         if "stop_token_ids" in props:
             _cap(props["stop_token_ids"], "array", "maxItems", args.max_stop_token_ids)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+from annotated_types import Interval
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -172,13 +173,24 @@ def _strict(tp: Any) -> Any:
     return Annotated[tp, Strict()] if tp in (float, bool, str) else tp
 
 
+def _bounded(key: str) -> Any:
+    """A knob's strict type, with its range (`Knob.range`) stated where it has one."""
+    knob = KNOBS[key]
+    if knob.range is None:
+        return _strict(knob.accepts)
+    bounds = Interval(**knob.range.schema_bounds())
+    if knob.accepts is int:  # the bounds on the integer itself, inside the 3.0 -> 3 step
+        return Annotated[StrictInt, bounds, BeforeValidator(_whole_number)]
+    return Annotated[_strict(knob.accepts), bounds]
+
+
 # The sampling fields of OpenAI requests (OpenAI's own and the extras SGLang and vLLM accept), one
 # per `SamplingParams` knob offered there; None leaves sgjit's default. Strict: "0.5" is not a
 # temperature nor true a top_k (`SamplingParams` refuses those on /generate too).
 OpenAISamplingFields = create_model(
     "OpenAISamplingFields",
     __base__=Lenient,
-    **{name: (_strict(KNOBS[key].accepts) | None, None) for name, key in OPENAI_KEYS.items()},
+    **{name: (_bounded(key) | None, None) for name, key in OPENAI_KEYS.items()},
 )
 
 
