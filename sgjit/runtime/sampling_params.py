@@ -120,7 +120,7 @@ def _schema(key: str, v: Any) -> str:
     try:
         json.loads(text)
     except json.JSONDecodeError as e:
-        raise InvalidRequestError(f"json_schema is not valid JSON: {e}", key) from e
+        raise GrammarError(f"json_schema is not valid JSON: {e}; send a JSON Schema (an object)", key) from e
     return text
 
 

@@ -96,46 +96,51 @@ def state_limits(schemas: dict[str, Any], args: ServerArgs) -> None:
     """Write this server's per-request caps (`--max-n`, `--max-stop-strings`, ...) and the form of
     logit_bias keys into the request bodies, so the document states what the server answers 400 to."""
     for name, schema in schemas.items():
-        props = schema.get("properties", {}) if name.endswith("Request") else {}
-        if "n" in props:
-            _cap(props["n"], "integer", "maximum", args.max_n)
-        for field in ("top_logprobs", "top_logprobs_num") + (
-            ("logprobs",) if name == "CompletionRequest" else ()
-        ):
-            if field in props:
-                _cap(props[field], "integer", "maximum", args.max_top_logprobs)
-        for field in ("stop", "stop_regex"):
-            if field in props:
-                _cap(props[field], "string", "maxLength", args.max_stop_length)
-                _cap(props[field], "array", "maxItems", args.max_stop_strings)
-                for branch in _branches(props[field]):
-                    if branch.get("type") == "array":
-                        _cap(branch["items"], "string", "maxLength", args.max_stop_length)
-                    for string in (branch, branch.get("items", {})):
-                        if field == "stop" and string.get("type") == "string":
-                            string["minLength"] = 1  # an empty stop string would stop at once: refused
-        for (
-            field,
-            key,
-        ) in OPENAI_KEYS.items():  # pydantic writes integer bounds as floats: 2**63 - 1 rounds up
-            rng = KNOBS[key].range
-            if field in props and rng is not None and KNOBS[key].accepts is int:
-                for branch in _branches(props[field]):
-                    if branch.get("type") == "integer":
-                        branch.update(
-                            {
-                                k: int(v)
-                                for k, v in (("minimum", rng.lo), ("maximum", rng.hi))
-                                if v is not None
-                            }
-                        )
-        if "logit_bias" in props:  # keys are decimal token ids
-            for branch in _branches(props["logit_bias"]):
-                if branch.get("type") == "object":
-                    branch["propertyNames"] = {"pattern": "^" + TOKEN_ID_KEY.pattern + "$"}
-                    branch["additionalProperties"] = {"type": "number", "minimum": -100, "maximum": 100}
-        if "stop_token_ids" in props:
-            _cap(props["stop_token_ids"], "array", "maxItems", args.max_stop_token_ids)
+        if not name.endswith("Request"):
+            continue
+        props = schema.get("properties", {})
+        _limit(props, OPENAI_KEYS, args, completion=name == "CompletionRequest")
+        for branch in _branches(props.get("sampling_params", {})):  # /generate's, under knob names
+            inner = branch.get("items", branch)
+            if inner.get("type") == "object":
+                _limit(inner.get("properties", {}), {key: key for key in KNOBS}, args, completion=False)
+
+
+def _limit(props: dict[str, Any], names: dict[str, str], args: ServerArgs, completion: bool) -> None:
+    """`state_limits` on one object's properties; `names` maps its field names to knob names."""
+    if "n" in props:
+        _cap(props["n"], "integer", "maximum", args.max_n)
+    for field in ("top_logprobs", "top_logprobs_num") + (("logprobs",) if completion else ()):
+        if field in props:
+            _cap(props[field], "integer", "maximum", args.max_top_logprobs)
+    for field in ("stop", "stop_regex"):
+        if field in props:
+            _cap(props[field], "string", "maxLength", args.max_stop_length)
+            _cap(props[field], "array", "maxItems", args.max_stop_strings)
+            for branch in _branches(props[field]):
+                if branch.get("type") == "array":
+                    _cap(branch["items"], "string", "maxLength", args.max_stop_length)
+                for string in (branch, branch.get("items", {})):
+                    if field == "stop" and string.get("type") == "string":
+                        string["minLength"] = 1  # an empty stop string would stop at once: refused
+    for field, key in names.items():  # pydantic writes integer bounds as floats: 2**63 - 1 rounds up
+        rng = KNOBS[key].range
+        if field in props and rng is not None and KNOBS[key].accepts is int:
+            for branch in _branches(props[field]):
+                if branch.get("type") == "integer":
+                    bounds = (("minimum", rng.lo), ("maximum", rng.hi))
+                    branch.update({k: int(v) for k, v in bounds if v is not None})
+    if "logit_bias" in props:  # keys are decimal token ids
+        for branch in _branches(props["logit_bias"]):
+            if branch.get("type") == "object":
+                branch["propertyNames"] = {"pattern": "^" + TOKEN_ID_KEY.pattern + "$"}
+                branch["additionalProperties"] = {"type": "number", "minimum": -100, "maximum": 100}
+    if "stop_token_ids" in props:
+        _cap(props["stop_token_ids"], "array", "maxItems", args.max_stop_token_ids)
+    if names.get("choices") == "choices" and "choices" in props:  # /generate's list of choices
+        for branch in _branches(props["choices"]):
+            if branch.get("type") == "array":
+                branch["minItems"] = 1
 
 
 def install_openapi(app: FastAPI, args: ServerArgs) -> None:

@@ -33,6 +33,8 @@ def _whole_number(value: Any) -> Any:
 
 
 JsonInt = Annotated[StrictInt, BeforeValidator(_whole_number)]
+# A batch (a list of prompts, of per-prompt params) of none would be answered with nothing at all.
+Batch = Annotated[list[str], Field(min_length=1)]
 
 # A field read only to refuse it with a clear message: any value parses, the document says null.
 Refused = Annotated[
@@ -44,12 +46,50 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+def _strict(tp: Any) -> Any:
+    """`tp` with every scalar in it strict (pydantic cannot make a whole union strict at once)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_strict(a) for a in args)]  # noqa: UP007 - built from a tuple
+    if origin is list:
+        return list[_strict(args[0])]  # type: ignore[misc]
+    if origin is dict:
+        return dict[args[0], _strict(args[1])]  # type: ignore[misc]
+    if tp is int:
+        return JsonInt
+    return Annotated[tp, Strict()] if tp in (float, bool, str) else tp
+
+
+def _bounded(key: str) -> Any:
+    """A knob's strict type, with its range (`Knob.range`) stated where it has one."""
+    knob = KNOBS[key]
+    if knob.range is None:
+        return _strict(knob.accepts)
+    bounds = Interval(**knob.range.schema_bounds())
+    if knob.accepts is int:  # the bounds on the integer itself, inside the 3.0 -> 3 step
+        return Annotated[StrictInt, bounds, BeforeValidator(_whole_number)]
+    return Annotated[_strict(knob.accepts), bounds]
+
+
+# What /generate's `sampling_params` may hold, for the document only: the route passes the dict to
+# `SamplingParams.from_dict`, whose messages name the known keys. Every knob, under its own name.
+GenerateSamplingParams = create_model(
+    "GenerateSamplingParams",
+    __config__=ConfigDict(extra="forbid"),
+    n=(Annotated[StrictInt, Interval(ge=1), BeforeValidator(_whole_number)] | None, None),
+    **{key: (_bounded(key) | None, None) for key in KNOBS},
+)
+SamplingParamsDict = Annotated[dict[str, Any], WithJsonSchema(GenerateSamplingParams.model_json_schema())]
+
+
 # ----- /generate -----
 class GenerateRequest(Lenient):
-    text: str | list[str] | None = None
+    text: str | Batch | None = None
     # token ids must be JSON integers: lax mode would take true, 1.0 or "7" as ids
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None  # ids: 1.0 is not one
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    sampling_params: SamplingParamsDict | Annotated[list[SamplingParamsDict], Field(min_length=1)] | None = (
+        None
+    )
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
@@ -157,31 +197,6 @@ class StructuredOutputs(BaseModel):
     choice: list[str] | None = Field(None, min_length=1)
     grammar: str | None = None
     json_object: bool | None = None
-
-
-def _strict(tp: Any) -> Any:
-    """`tp` with every scalar in it strict (pydantic cannot make a whole union strict at once)."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        return Union[tuple(_strict(a) for a in args)]  # noqa: UP007 - built from a tuple
-    if origin is list:
-        return list[_strict(args[0])]  # type: ignore[misc]
-    if origin is dict:
-        return dict[args[0], _strict(args[1])]  # type: ignore[misc]
-    if tp is int:
-        return JsonInt
-    return Annotated[tp, Strict()] if tp in (float, bool, str) else tp
-
-
-def _bounded(key: str) -> Any:
-    """A knob's strict type, with its range (`Knob.range`) stated where it has one."""
-    knob = KNOBS[key]
-    if knob.range is None:
-        return _strict(knob.accepts)
-    bounds = Interval(**knob.range.schema_bounds())
-    if knob.accepts is int:  # the bounds on the integer itself, inside the 3.0 -> 3 step
-        return Annotated[StrictInt, bounds, BeforeValidator(_whole_number)]
-    return Annotated[_strict(knob.accepts), bounds]
 
 
 # The sampling fields of OpenAI requests (OpenAI's own and the extras SGLang and vLLM accept), one

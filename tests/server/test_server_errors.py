@@ -28,6 +28,9 @@ BAD_JSON_BODIES = [
     ("/generate", {"text": 5}, 400, "text"),
     ("/generate", {}, 400, "prompt"),
     ("/generate", {"input_ids": []}, 400, "prompt"),
+    ("/generate", {"text": []}, 400, "text"),  # an empty batch, once answered 200 with nothing
+    ("/generate", {"input_ids": [[]]}, 400, "prompt"),
+    ("/generate", {"text": ["a"], "sampling_params": []}, 400, "sampling_params"),
     ("/generate", {"input_ids": [-1]}, 400, "input_ids"),
     ("/generate", {"input_ids": [10**12]}, 400, "input_ids"),
     ("/generate", sampling(max_new_tokens=-1), 400, "max_new_tokens"),
