@@ -24,10 +24,6 @@ from sgjit.server.app import create_app
 from sgjit.server.args import ServerArgs
 from tests.server_harness import LiveServer
 
-# Marked slow (out of CI) until a run at 50 examples per operation is green: the latest runs still
-# find contract failures (see docs/reliability.md, "Schema fuzz"). Run: pytest -m slow <this file>.
-pytestmark = pytest.mark.slow
-
 EXAMPLES = int(os.environ.get("SGJIT_FUZZ_EXAMPLES", "50"))
 REQUEST_TIMEOUT_S = 60.0  # generous on a slow shared CPU: only a hang gets near it
 API_KEY = "fuzz-key"

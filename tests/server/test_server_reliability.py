@@ -208,7 +208,7 @@ def test_plan_runs_are_in_flight_and_stop_when_the_client_leaves(live, runtime):
 
     def run_and_leave() -> None:
         try:  # the client gives up long before 1500 tokens: its run must be aborted
-            httpx.post(url, json={"args": {"topic": "rivers"}}, timeout=httpx.Timeout(60, read=8))
+            httpx.post(url, json={"args": {"topic": "rivers"}}, timeout=httpx.Timeout(60, read=15))
             outcomes.append("finished")
         except httpx.ReadTimeout:
             outcomes.append("left")
@@ -220,9 +220,23 @@ def test_plan_runs_are_in_flight_and_stop_when_the_client_leaves(live, runtime):
     while len(srv.state.groups) < 45 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(srv.state.groups) == 45  # every run counts for the drain
-    # NOTE: a /v1/chat/completions request sent now is still not answered within 120 s on this
-    # machine, although no run holds a pool thread any more (see docs/reliability.md): not checked here.
-    assert not outcomes
+    # Other clients are still served beside 45 decoding runs: no pool thread is held, and the runs'
+    # promised (not yet used) KV pages are lent to unprotected requests.
+    t = time.monotonic()
+    one = httpx.post(
+        f"{srv.url}/generate",
+        json={"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+        timeout=6,
+    )
+    waited = time.monotonic() - t
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+        timeout=6,
+    )
+    print(f"beside 45 plan runs: 1-token /generate {waited:.2f} s, chat {chat.elapsed.total_seconds():.2f} s")
+    assert one.status_code == 200 and chat.status_code == 200
+    assert not outcomes and len(srv.state.groups) == 45  # answered while every run still decoded
     for t in runs:
         t.join()
     assert outcomes == ["left"] * 45
