@@ -91,8 +91,8 @@ class GenerateRequest(Lenient):
         None
     )
     return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
+    logprob_start_len: JsonInt = Field(-1, ge=-1)  # -1: no prompt logprobs
+    top_logprobs_num: JsonInt = Field(0, ge=0)  # the cap is the server's --max-top-logprobs
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None  # SGLang's client-chosen request id: accepted, sgjit names its own
