@@ -219,7 +219,7 @@ def bench_elementwise(profile: DeviceProfile, ceil: Ceilings, rows: list) -> Non
         )
 
 
-def bench_sampling(profile: DeviceProfile, rows: list) -> None:
+def bench_sampling(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
     from sgjit.kernels.cuda.sampling import Sampling
 
     s = Sampling(profile.sm_count)
@@ -235,7 +235,17 @@ def bench_sampling(profile: DeviceProfile, rows: list) -> None:
     for label, params in cases.items():
         ours = median_cuda_seconds(lambda params=params: s.sample(logits, params))
         ref = median_cuda_seconds(lambda params=params: reference.sample(logits, params), reps=5)
-        rows.append(_row(f"sample ({label}, seeded)", f"B={b} V={vocab}", ours, ref))
+        row = _row(f"sample ({label}, seeded)", f"B={b} V={vocab}", ours, ref)
+        rows.append(_membound(row, b * vocab * 4, ours, ceil, 80) if params.all_greedy else row)
+    for small in (1, 8):  # greedy decode of a small batch: the row split is what keeps the GPU busy
+        x, params = logits[:small], _sampling_params(small, greedy=True)
+        ours = median_cuda_seconds(lambda x=x, params=params: s.sample(x, params))
+        ref = median_cuda_seconds(lambda x=x, params=params: reference.sample(x, params), reps=5)
+        rows.append(
+            _membound(
+                _row("sample (greedy)", f"B={small} V={vocab}", ours, ref), small * vocab * 4, ours, ceil, 80
+            )
+        )
 
 
 def _sampling_params(b: int, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> SamplingTensors:
@@ -277,7 +287,7 @@ def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
         "decode": lambda: bench_decode(profile, ceil, rows, detail),
         "prefill": lambda: bench_prefill(profile, ceil, rows, detail),
         "elementwise": lambda: bench_elementwise(profile, ceil, rows),
-        "sampling": lambda: bench_sampling(profile, rows),
+        "sampling": lambda: bench_sampling(profile, ceil, rows),
         "autotune": lambda: detail.__setitem__("autotune", autotune_report(profile, out)),
     }
     for name, step in steps.items():

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(const float* __restrict__ logits, i64 row_stride, int vocab, const float* __restrict__ temperature,
                   const float* __restrict__ top_p, const int* __restrict__ top_k, const float* __restrict__ min_p,
                   const i64* __restrict__ seeds, const i64* __restrict__ steps, const i64* __restrict__ draw,
-                  i64* __restrict__ out, int greedy_only) {
+                  i64* __restrict__ out) {
   __shared__ ArgMax amax_scratch[NWARPS];
   __shared__ float sum_scratch[NWARPS];
   __shared__ Hist hist;
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) best = better(best, ArgMax{row[i], i});
   best = block_argmax(best, amax_scratch);
   const float temp = temperature[b];
-  if (greedy_only || temp <= 0.f) {
+  if (temp <= 0.f) {  // a greedy row of a sampled batch (all-greedy batches use argmax_kernel)
     if (threadIdx.x == 0) out[b] = best.i;
     return;
   }
@@ -262,4 +262,66 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   }
   win = block_argmax(win, amax_scratch);
   if (threadIdx.x == 0) out[b] = win.i < vocab ? win.i : best.i;
+}
+
+// Greedy rows: argmax, with each row split over gridDim.x blocks so that a batch smaller than the
+// GPU still streams the logits at full bandwidth (one block per row fills half an H200 at B=64).
+// A candidate is one 64-bit key, the value's bits made to order like the float above ~index, so the
+// larger value wins and on ties the lower index (torch.argmax's first maximum); a NaN wins, as in
+// torch. Blocks fold their key into keys[b] with atomicMax; the last block of a row to arrive
+// (counted in arrived[b]) writes the index and resets both, so the buffers are ready for the next
+// launch and the kernel replays inside a CUDA graph.
+constexpr int ARGMAX_THREADS = 256;
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  u32 u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(~(u32)i);
+}
+
+__device__ __forceinline__ unsigned long long key_max(unsigned long long a, unsigned long long b) {
+  return a > b ? a : b;
+}
+
+// `chunk`: columns per block, a multiple of 4; `vec`: rows are 16-byte aligned (float4 loads).
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_kernel(const float* __restrict__ logits, i64 row_stride, int vocab, int chunk, int vec,
+                  unsigned long long* __restrict__ keys, u32* __restrict__ arrived, i64* __restrict__ out) {
+  __shared__ unsigned long long warp_best[ARGMAX_THREADS / 32];
+  const int b = blockIdx.y;
+  const float* row = logits + b * row_stride;
+  const int lo = blockIdx.x * chunk, hi = min(lo + chunk, vocab);
+  unsigned long long best = 0;
+  int tail = lo;
+  if (vec) {
+    const int n4 = max(hi - lo, 0) / 4;
+    const float4* row4 = reinterpret_cast<const float4*>(row + lo);
+#pragma unroll 4
+    for (int j = threadIdx.x; j < n4; j += ARGMAX_THREADS) {
+      const float4 x = __ldg(row4 + j);
+      const int i = lo + 4 * j;
+      best = key_max(best, key_max(key_max(argmax_key(x.x, i), argmax_key(x.y, i + 1)),
+                                   key_max(argmax_key(x.z, i + 2), argmax_key(x.w, i + 3))));
+    }
+    tail = lo + 4 * n4;
+  }
+  for (int i = tail + threadIdx.x; i < hi; i += ARGMAX_THREADS) best = key_max(best, argmax_key(row[i], i));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) best = key_max(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+#pragma unroll
+  for (int w = 1; w < ARGMAX_THREADS / 32; ++w) best = key_max(best, warp_best[w]);
+  if (gridDim.x == 1) {
+    out[b] = (i64)(~(u32)best);
+    return;
+  }
+  atomicMax(keys + b, best);
+  __threadfence();
+  if (atomicAdd(arrived + b, 1u) == gridDim.x - 1) {
+    const unsigned long long win = atomicExch(keys + b, 0ull);
+    arrived[b] = 0u;
+    out[b] = (i64)(~(u32)win);
+  }
 }

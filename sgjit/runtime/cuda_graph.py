@@ -67,15 +67,16 @@ class _Buffers:
     def budgets(self) -> torch.Tensor:
         return self.scalars[4]
 
-    def sampling(self, bs: int, k: int, host: RowSampling | None) -> SamplingTensors:
+    def sampling(self, bs: int, k: int, host: RowSampling | None, greedy: bool = False) -> SamplingTensors:
         """Step k's sampling parameters as views of the static buffers (the graph reads them on
-        replay); the host lists serve the reference op of eager (capture=False) runs."""
+        replay); the host lists serve the reference op of eager (capture=False) runs. `greedy`: the
+        graph decodes every row greedily (the sampler's argmax)."""
         seeds = host.seeds if host is not None else [-1] * bs
         steps = [s + k for s in host.steps] if host is not None else [k] * bs
         return SamplingTensors(
             temperature=self.fscalars[0, :bs], top_p=self.fscalars[1, :bs], top_k=self.scalars[5, :bs],
             min_p=self.fscalars[2, :bs], seeds=self.scalars[6, :bs], steps=self.scalars[7, :bs],
-            all_greedy=False, seeds_host=seeds, steps_host=steps, draw=self.draws[k : k + 1],
+            all_greedy=greedy, seeds_host=seeds, steps_host=steps, draw=self.draws[k : k + 1],
         )  # fmt: skip
 
 
@@ -168,7 +169,7 @@ class DecodeGraphs:
         self, batch: ForwardBatch, bs: int, ctx: int, steps: int, sampled: bool = False
     ) -> None:
         """What a graph holds: one step writing logits, or `steps` steps that pick each token on the
-        device (argmax, or the ops' sampler when `sampled`), feed it back, advance positions, KV slots
+        device (the ops' sampler: argmax, or sampling when `sampled`), feed it back, advance positions, KV slots
         and sampling steps, and send rows that are done (EOS, out of budget) to the scratch page so
         they never write past the pages reserved for them."""
         layers = self.pool.layers
@@ -182,11 +183,11 @@ class DecodeGraphs:
         done = torch.zeros(bs, dtype=torch.bool, device=self.device)
         for k in range(steps):
             logits = self.model.forward(batch, layers)
+            nxt = self.model.ops.sample(
+                logits, b.sampling(bs, k, self._host_sampling, greedy=not sampled), None
+            )
             if sampled:
-                nxt = self.model.ops.sample(logits, b.sampling(bs, k, self._host_sampling), None)
                 b.scalars[7, :bs].add_(1)
-            else:
-                nxt = logits.argmax(dim=-1)
             self.out_tokens[k, :bs].copy_(nxt)
             at_eos = (nxt[:, None] == self.eos[None, :]).any(dim=-1) & b.stop_on_eos[:bs]
             done = done | at_eos | (b.budgets[:bs] <= k + 1)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sgjit.errors import GrammarError, InvalidRequestError
+from sgjit.errors import ConflictingParamsError, GrammarError, InvalidRequestError
 from sgjit.runtime.text_input import check_text
 
 Convert = Callable[[str, Any], Any]
@@ -314,11 +314,11 @@ class SamplingParams:
             "biases must be in [-100, 100]",
         )
         constraints = [k for k in ("regex", "json_schema", "choices", "ebnf") if getattr(self, k) is not None]
-        _check(
-            len(constraints) <= 1,
-            constraints[-1] if constraints else "regex",
-            f"only one of {constraints} may be set",
-        )
+        if len(constraints) > 1:  # each valid alone: a conflict, not a bad value
+            raise ConflictingParamsError(
+                f"sampling parameters {constraints} each constrain the output: set only one of them",
+                constraints[-1],
+            )
         _check(self.choices is None or len(self.choices) > 0, "choices", "must list at least one choice")
 
 

@@ -351,6 +351,34 @@ def test_greedy_matches_argmax(sampling):
     assert torch.equal(got[::2], logits.argmax(-1)[::2])
 
 
+@pytest.mark.parametrize("b,vocab", [(1, 49152), (3, 32001), (64, 128256), (300, 151936), (7, 1000)])
+def test_split_row_argmax(sampling, b, vocab):
+    """argmax_kernel splits a row over blocks: ties across blocks, -inf and NaN rows, unaligned rows
+    and repeated launches (the kernel resets its own scratch) all agree with torch.argmax."""
+    logits = torch.randn(b, vocab + 1, device=DEV) * 4
+    top = logits.max() + 1
+    logits[0, 5] = logits[0, vocab - 1] = top  # equal maxima at both ends of the row: the first wins
+    if b > 2:
+        logits[1] = -math.inf  # torch answers 0
+        logits[2, vocab // 2] = math.nan  # a NaN wins, as in torch
+    for view in (logits[:, :vocab], logits[:, 1:]):  # aligned rows (float4 loads) and unaligned ones
+        want = view.argmax(-1)
+        for _ in range(3):
+            assert torch.equal(sampling.argmax(view), want)
+
+
+def test_split_row_argmax_graph_replay(sampling):
+    logits = torch.randn(64, 128256, device=DEV)
+    sampling.argmax(logits)  # scratch allocated outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.argmax(logits)
+    for _ in range(3):
+        logits.copy_(torch.randn_like(logits))
+        graph.replay()
+        assert torch.equal(out, logits.argmax(-1))
+
+
 def test_seeded_sampling_is_batch_independent(sampling):
     logits = torch.randn(8, 32000, device=DEV) * 3
     p = _params(8, temperature=0.9, top_p=0.95, seeds=[11, 12, 13, 14, 15, 16, 17, 18], steps=[5] * 8)

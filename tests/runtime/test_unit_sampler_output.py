@@ -574,3 +574,14 @@ def test_sampling_seed_is_seed_and_the_frontends_extras_are_accepted() -> None:
         SamplingParams.from_dict({"sampling_seed": 7, "seed": 8})
     with pytest.raises(InvalidRequestError, match="structural_tag"):
         SamplingParams.from_dict({"structural_tag": "{}"})
+
+
+def test_two_output_constraints_conflict() -> None:
+    """regex, json_schema, choices and ebnf are each valid alone; two at once is a conflict (the
+    server's conflicting_parameters), naming them, even when one of them is empty."""
+    from sgjit.errors import ConflictingParamsError
+
+    with pytest.raises(ConflictingParamsError, match=r"\['choices', 'ebnf'\].*only one"):
+        SamplingParams.from_dict({"choices": [""], "ebnf": ""})
+    with pytest.raises(ConflictingParamsError, match="regex"):
+        SamplingParams.from_dict({"regex": "a+", "json_schema": "{}"})

@@ -1,5 +1,6 @@
 """Grammar bitmask and on-device sampling (sampling.cu). Every sampling parameter is read from
-device memory; the only host decision is `all_greedy`, which the caller knows up front."""
+device memory; the only host decision is `all_greedy` (argmax_kernel then), which the caller knows
+up front."""
 
 from __future__ import annotations
 
@@ -12,14 +13,21 @@ from sgjit.kernels.ops import SamplingTensors
 
 SAMPLE_THREADS = 512  # sampling.cu SAMPLE_THREADS
 BITMASK_BLOCK = 256
-SAMPLING_NAMES = ("sample_kernel", "apply_bitmask_kernel")
+ARGMAX_THREADS = 256  # sampling.cu ARGMAX_THREADS
+ARGMAX_BLOCKS_PER_SM = 8  # resident 256-thread blocks an SM holds: enough loads in flight
+ARGMAX_MIN_CHUNK = 4 * 4 * ARGMAX_THREADS  # columns a block takes at least: four float4 per thread
+SAMPLING_NAMES = ("sample_kernel", "apply_bitmask_kernel", "argmax_kernel")
 
 
 class Sampling:
     def __init__(self, sm_count: int) -> None:
         kernels = compile_kernels("sampling", list(SAMPLING_NAMES))
-        self.sample_kernel, self.bitmask_kernel = (kernels[n] for n in SAMPLING_NAMES)
+        self.sample_kernel, self.bitmask_kernel, self.argmax_kernel = (kernels[n] for n in SAMPLING_NAMES)
         self.sm_count = sm_count
+        # argmax_kernel's per-row scratch (keys, arrival counts): zeroed once, reset by the kernel
+        # itself. Outgrown buffers are kept, since a captured CUDA graph may still point at them.
+        self._argmax_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._outgrown: list[torch.Tensor] = []
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         if logits.dtype != torch.float32 or not logits.is_cuda or logits.stride(-1) != 1 or logits.dim() != 2:
@@ -37,18 +45,52 @@ class Sampling:
     ) -> torch.Tensor:
         if logits.dtype != torch.float32 or not logits.is_cuda or logits.stride(-1) != 1 or logits.dim() != 2:
             return reference.sample(logits, st, generator)
+        if st.all_greedy:
+            return self.argmax(logits)
         b, vocab = logits.shape
         dev = logits.device
         out = torch.empty(b, dtype=torch.int64, device=dev)
         if generator is not None and generator.device != dev:
             generator = None
-        draw = st.draw if st.draw is not None else out  # `out`: unused by all-greedy launches
-        if not st.all_greedy and st.draw is None:
+        draw = st.draw
+        if draw is None:
             draw = torch.randint(0, 2**62, (1,), device=dev, dtype=torch.int64, generator=generator)
         launch(
             self.sample_kernel, (b,), SAMPLE_THREADS,
             (ptr(logits), np.int64(logits.stride(0)), np.int32(vocab), ptr(st.temperature.float()),
              ptr(st.top_p.float()), ptr(st.top_k.int()), ptr(st.min_p.float()), ptr(st.seeds.long()),
-             ptr(st.steps.long()), ptr(draw), ptr(out), np.int32(1 if st.all_greedy else 0)),
+             ptr(st.steps.long()), ptr(draw), ptr(out)),
         )  # fmt: skip
         return out
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens: the first maximum of each float32 row, like `logits.argmax(-1)`."""
+        if logits.dtype != torch.float32 or not logits.is_cuda or logits.stride(-1) != 1 or logits.dim() != 2:
+            return logits.argmax(dim=-1)
+        b, vocab = logits.shape
+        out = torch.empty(b, dtype=torch.int64, device=logits.device)
+        if b == 0:
+            return out
+        splits = max(1, min(-(-ARGMAX_BLOCKS_PER_SM * self.sm_count // b), vocab // ARGMAX_MIN_CHUNK))
+        chunk = -(-vocab // splits)
+        chunk += -chunk % 4
+        splits = -(-vocab // chunk)
+        keys, arrived = self._scratch(logits.device, b)
+        vec = logits.data_ptr() % 16 == 0 and logits.stride(0) % 4 == 0
+        launch(
+            self.argmax_kernel, (splits, b), ARGMAX_THREADS,
+            (ptr(logits), np.int64(logits.stride(0)), np.int32(vocab), np.int32(chunk), np.int32(vec),
+             ptr(keys), ptr(arrived), ptr(out)),
+        )  # fmt: skip
+        return out
+
+    def _scratch(self, dev: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, arrived = self._argmax_scratch.get(dev, (None, None))
+        if keys is None or arrived is None or keys.shape[0] < rows:
+            if keys is not None and arrived is not None:
+                self._outgrown += [keys, arrived]
+            n = max(rows, 256)
+            keys = torch.zeros(n, dtype=torch.int64, device=dev)
+            arrived = torch.zeros(n, dtype=torch.int32, device=dev)
+            self._argmax_scratch[dev] = (keys, arrived)
+        return keys, arrived
