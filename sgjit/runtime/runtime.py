@@ -18,7 +18,7 @@ from sgjit.runtime.engine import Engine, EngineParts
 from sgjit.runtime.profiling import TraceWindow
 from sgjit.runtime.request import PrefixHandle, Request, new_request_id
 from sgjit.runtime.result import GenerateResult, RequestUpdate
-from sgjit.runtime.sampling_params import MAX_SAMPLES_PER_PROMPT, SamplingParams
+from sgjit.runtime.sampling_params import SamplingParams, samples_per_prompt
 from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ class Runtime:
             )
         reqs = []
         for ids, sp in zip(id_lists, params):
-            n = _samples_per_prompt(sp)
+            n = samples_per_prompt(sp)
             reqs += [self.make_request(ids, sp, **logprob_options) for _ in range(n)]
             self._check_room(reqs[-1], sp)
         return reqs, batched or len(reqs) > len(id_lists)
@@ -378,14 +378,3 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _samples_per_prompt(params: dict[str, Any] | SamplingParams | None) -> int:
-    """SGLang's `sampling_params.n`: how many samples of the prompt to draw (1 unless given)."""
-    n = params.get("n", 1) if isinstance(params, dict) else 1
-    n = 1 if n is None else n
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES_PER_PROMPT:
-        raise InvalidRequestError(
-            f"sampling parameter 'n' must be an integer in [1, {MAX_SAMPLES_PER_PROMPT}]", "n"
-        )
-    return n

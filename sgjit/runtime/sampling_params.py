@@ -72,6 +72,18 @@ def _int(key: str, v: Any) -> int:
     return int(v)
 
 
+def samples_per_prompt(params: dict[str, Any] | SamplingParams | None) -> int:
+    """SGLang's `sampling_params.n`: how many samples of the prompt to draw (1 unless given; a whole
+    number in JSON, 3.0 included, like every integer knob)."""
+    n = params.get("n", 1) if isinstance(params, dict) else 1
+    n = 1 if n is None else _int("n", n)
+    if not 1 <= n <= MAX_SAMPLES_PER_PROMPT:
+        raise InvalidRequestError(
+            f"sampling parameter 'n' must be an integer in [1, {MAX_SAMPLES_PER_PROMPT}]", "n"
+        )
+    return n
+
+
 def _float(key: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise InvalidRequestError(f"sampling parameter {key!r} must be a finite number, got {v!r}", key)

@@ -23,7 +23,9 @@ def _over(what: str, value: int, cap: int, flag: str, param: str) -> InvalidRequ
 
 
 def check_n(args: ServerArgs, n: Any) -> None:
-    """`n` samples per prompt (a non-integer is left to the request's own validation)."""
+    """`n` samples per prompt (a non-integer is left to the request's own validation; 3.0 is 3)."""
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
     if isinstance(n, int) and not isinstance(n, bool) and n > args.max_n:
         raise _over("n", n, args.max_n, "max-n", "n")
 

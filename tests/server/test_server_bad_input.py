@@ -208,6 +208,7 @@ def top_logprobs_body(route: str, k: int) -> dict:
 CAPS = [
     ("--max-top-logprobs", top_logprobs_body, 3),
     ("--max-n", lambda route, k: body_for(route, n=k), 2),
+    ("--max-n", lambda route, k: body_for(route, n=float(k)), 2),  # 3.0 is 3: capped, not let through
     ("--max-stop-strings", lambda route, k: body_for(route, stop=[f"s{i}" for i in range(k)]), 2),
     ("--max-stop-strings", lambda route, k: body_for(route, stop_regex=[f"x{i}+" for i in range(k)]), 2),
     ("--max-stop-length", lambda route, k: body_for(route, stop="z" * k), 8),
