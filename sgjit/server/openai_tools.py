@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sgjit.errors import ConflictingParamsError, InvalidRequestError
+from sgjit.errors import ConflictingParamsError
 from sgjit.server.tool_formats import ParsedCall, ToolFormat, ToolSpec, split_calls, tool_format
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def tool_setup(body: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -
     specs = [ToolSpec(t.function.name, t.function.parameters or ANY_OBJECT) for t in body.tools]
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
-        raise InvalidRequestError("two tools have the same function name; give each its own", "tools")
+        raise ConflictingParamsError("two tools have the same function name; give each its own", "tools")
     template = tokenizer.chat_template.source if tokenizer.chat_template else None
     fmt = tool_format(parser, template)
     parallel = body.parallel_tool_calls is not False
@@ -76,7 +76,7 @@ def tool_setup(body: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -
         return ToolSetup(fmt, "required", tuple(specs), parallel, eos)
     wanted = choice.function.name  # type: ignore[union-attr]
     if wanted not in names:
-        raise InvalidRequestError(
+        raise ConflictingParamsError(
             f"tool_choice names the function {wanted!r}, which is not in tools ({', '.join(names)})",
             "tool_choice.function.name",
         )
