@@ -292,8 +292,8 @@ class Engine:
         for b, row in enumerate(rows):
             req = row.req
             req.num_computed = row.end
-            if row.end == len(req.tokens) and row.end - row.start > 1:
-                self.scheduler.cache_computed(req)  # share the prompt with requests arriving now
+            if row.end - row.start > 1:  # a prefill chunk: its full pages serve requests waiting on them
+                self.scheduler.cache_computed(req)
             if row.sample:
                 sampled_rows.append(b)
             elif req.pending == 0 and not req.wants_tokens:

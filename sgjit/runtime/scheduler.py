@@ -3,7 +3,12 @@ prefill chunks (up to `chunked_prefill_size` tokens) of rows still reading their
 forward pass. New requests join at any step; finished ones leave at once. When the pool runs dry,
 the prefix cache is evicted first and then the most recently admitted request is preempted: its
 pages are freed (its computed prefix left in the cache) and it is recomputed later, keeping the
-tokens it already produced."""
+tokens it already produced.
+
+Requests that arrive together with a common prefix compute it once: a waiting request whose prompt
+shares more than the cache holds with a row still reading its prompt waits until that row's
+chunks are computed (each prefill chunk's full pages enter the prefix cache), then starts from the
+cached pages."""
 
 from __future__ import annotations
 
@@ -24,6 +29,10 @@ class SchedulerConfig:
     chunked_prefill_size: int = 2048
     max_running_requests: int = 256
     policy: str = "fcfs"  # "fcfs" | "lpm" (longest prefix match first)
+    # A waiting request sharing at least this many uncached prompt tokens with a row still prefilling
+    # waits for that row's pages; 0 turns in-batch prefix sharing off.
+    share_min_tokens: int = 32
+    share_scan_limit: int = 64  # waiting requests passed over per step, at most (bounds the scan)
 
 
 @dataclass(slots=True)
@@ -97,14 +106,21 @@ class Scheduler:
                 budget -= n
             rows.append(self._chunk(req, n))
         rows = [r for r in rows if r.req.status is Status.RUNNING]
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             req = self._next_waiting()
+            if self._awaits_shared_prefix(req):
+                deferred.append(req)
+                if len(deferred) >= self.config.share_scan_limit:
+                    break
+                continue
             if not self._admit(req, budget):
                 self.waiting.appendleft(req)
                 break
             n = min(req.pending, budget)
             budget -= n
             rows.append(self._chunk(req, n))
+        self.waiting.extendleft(reversed(deferred))  # they keep their places at the head
         return ScheduledBatch(rows) if rows else None
 
     def schedule_decode_ahead(self, ahead: Callable[[Request], int]) -> ScheduledBatch | None:
@@ -133,6 +149,28 @@ class Scheduler:
             self.waiting.remove(best)
             return best
         return self.waiting.popleft()
+
+    def _awaits_shared_prefix(self, req: Request) -> bool:
+        """Whether `req` shares at least `share_min_tokens` more prompt tokens with a row still
+        prefilling (this step's admissions included) than the cache holds: it then waits a step or
+        more, and starts from those pages once they are computed and cached."""
+        min_tokens = self.config.share_min_tokens
+        if min_tokens <= 0 or not self.cache.enabled or req.preemptions:
+            return False
+        ps = self.pool.page_size
+        limit = req.max_prefix_match()
+        cached = len(self.cache.match(req.tokens, limit)[1])
+        # pages past the cached ones a prefilling row could give `req`
+        wanted = min(limit, len(req.tokens)) // ps
+        if (wanted - cached) * ps < min_tokens:
+            return False
+        for other in self.running:
+            if other.pending <= 1 or other.status is not Status.RUNNING:
+                continue  # decoding (its prompt is cached) or preempted
+            shared = _shared_pages(req.tokens, other.tokens, ps, wanted)
+            if (shared - cached) * ps >= min_tokens:
+                return True
+        return False
 
     def _admit(self, req: Request, budget: int) -> bool:
         nodes, pages = self.cache.match(req.tokens, req.max_prefix_match())
@@ -217,3 +255,11 @@ class Scheduler:
         req.status = Status.WAITING
         req.preemptions += 1
         self.waiting.appendleft(req)
+
+
+def _shared_pages(a: list[int], b: list[int], page_size: int, limit: int) -> int:
+    """Leading full pages (at most `limit`) on which token lists `a` and `b` agree."""
+    n = 0
+    while n < limit and a[n * page_size : (n + 1) * page_size] == b[n * page_size : (n + 1) * page_size]:
+        n += 1
+    return n

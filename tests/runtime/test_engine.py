@@ -63,6 +63,28 @@ def test_shared_prefix_is_reused(runtime):
     assert_no_leaked_pages(runtime)
 
 
+def test_a_list_sharing_a_prefix_computes_it_once(runtime):
+    """Eight prompts with a 400-token common prefix sent as one list: the first computes the prefix,
+    the other seven start from its cached pages (>= 384 cached tokens each), and every answer
+    equals the same prompt run alone on an empty cache."""
+    prefix = " ".join(f"Rule {i}: a {c} tile scores {i % 7} points." for i, c in zip(range(40), "rgbyo" * 8))
+    ids = [runtime.tokenizer.encode(prefix + f" Question {i}: what does tile {i} score?") for i in range(8)]
+    common = next(k for k in range(len(ids[0])) if len({tuple(i[: k + 1]) for i in ids}) > 1)
+    assert common >= 400, common
+    alone = []
+    for i in ids:
+        runtime.flush_cache()
+        alone.append(
+            runtime.generate(input_ids=i, sampling_params={**GREEDY, "max_new_tokens": 6})["output_ids"]
+        )
+    runtime.flush_cache()
+    outs = runtime.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 6})
+    cached = [o["meta_info"]["cached_tokens"] for o in outs]
+    assert sum(c >= 384 for c in cached) >= 7, cached
+    assert [o["output_ids"] for o in outs] == alone
+    assert_no_leaked_pages(runtime)
+
+
 def test_tiny_pool_preempts_and_loses_nothing(runtime, alone):
     small = sgjit.Runtime(device="cpu", max_total_tokens=16 * 12, page_size=16)
     try:

@@ -67,7 +67,7 @@ def _step(s: Scheduler) -> ScheduledBatch | None:
         assert req.num_computed == row.start, "a row starts where its computed KV ends"
         assert len(req.pages) * PS >= row.end, "pages for every token of the row are reserved"
         req.num_computed = row.end
-        if row.end == len(req.tokens) and row.end - row.start > 1:
+        if row.end - row.start > 1:  # a prefill chunk, cached as the engine does
             s.cache_computed(req)
         if row.sample:
             req.tokens.append(next(_sampled))
@@ -531,3 +531,69 @@ def test_decode_ahead_evicts_cache_for_room() -> None:
     assert len(a.pages) == 4
     assert s.cache.num_nodes == 2
     _check_refcounts(s)
+
+
+# ----- in-batch prefix sharing -----
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once() -> None:
+    """Three requests share a 40-token prefix and arrive in one step, with an unrelated one between
+    them: the first and the unrelated one run; the others wait one step and start from the first's
+    cached pages (40 tokens = 10 pages), keeping their order."""
+    s = _sched(num_pages=64, chunk=256)
+    prefix = list(range(100, 140))
+    a, x, b, c = (
+        _req(prefix + [1, 2], rid="a"),
+        _req(range(500, 520), rid="x"),
+        _req(prefix + [3], rid="b"),
+        _req(prefix + [4, 5, 6], rid="c"),
+    )
+    for r in (a, x, b, c):
+        s.add(r)
+    assert _spans(_step(s)) == [("a", 0, 42, True), ("x", 0, 20, True)]
+    assert [r.rid for r in s.waiting] == ["b", "c"]
+    assert _spans(_step(s)) == [
+        ("a", 42, 43, True),
+        ("x", 20, 21, True),
+        ("b", 40, 41, True),
+        ("c", 40, 43, True),
+    ]
+    assert b.cached_tokens == c.cached_tokens == 40
+    assert b.pages[:10] == c.pages[:10] == a.pages[:10]
+    _check_refcounts(s)
+
+
+def test_a_request_waits_for_the_chunks_it_shares() -> None:
+    """Under chunked prefill each chunk's pages are cached as they are computed: the waiting request
+    is admitted once fewer than share_min_tokens shared tokens are still uncached."""
+    s = _sched(num_pages=64, chunk=32)
+    prefix = list(range(200, 280))
+    a, b = _req(prefix, rid="a"), _req(prefix + [9, 9, 9, 9], rid="b")
+    s.add(a)
+    s.add(b)
+    assert _spans(_step(s)) == [("a", 0, 32, False)]
+    assert _spans(_step(s)) == [("a", 32, 64, False)]
+    assert _spans(_step(s)) == [("a", 64, 80, True), ("b", 64, 80, False)]  # 16 left: not worth a wait
+    assert b.cached_tokens == 64
+    _check_refcounts(s)
+
+
+def test_prefix_sharing_off() -> None:
+    s = _sched(num_pages=64, chunk=256)
+    s.config.share_min_tokens = 0
+    prefix = list(range(100, 140))
+    a, b = _req(prefix + [1], rid="a"), _req(prefix + [2], rid="b")
+    s.add(a)
+    s.add(b)
+    assert _spans(_step(s)) == [("a", 0, 41, True), ("b", 0, 41, True)]
+    assert b.cached_tokens == 0
+
+
+def test_sharing_below_the_threshold_does_not_wait() -> None:
+    """A common prefix shorter than share_min_tokens (32) is not worth a step's wait."""
+    s = _sched(num_pages=64, chunk=256)
+    prefix = list(range(100, 128))  # 28 tokens
+    a, b = _req(prefix + [1], rid="a"), _req(prefix + [2], rid="b")
+    s.add(a)
+    s.add(b)
+    assert _spans(_step(s)) == [("a", 0, 29, True), ("b", 0, 29, True)]
