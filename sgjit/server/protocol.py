@@ -189,9 +189,9 @@ ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat]
 
 class StructuredOutputs(BaseModel):
     """vLLM's `structured_outputs`: one constraint. Other keys are kept (not dropped) so the server
-    can refuse them by name."""
+    can refuse them by name; the document says they are not allowed."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
     choice: list[str] | None = Field(None, min_length=1)
