@@ -11,6 +11,7 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.ops import OpTable
+from sgjit.kernels.quant import Int4Weight, QuantWeight, int4_available, int4_packable, linear_int4, pack_int4
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +28,24 @@ def onednn_available() -> bool:
         return False
 
 
-def prepare_weight_onednn(weight: torch.Tensor) -> Any:
+def prepare_weight_onednn(weight: torch.Tensor | QuantWeight) -> Any:
+    """oneDNN's packed fp32 layout; GGUF blocks torch's int4 GEMM takes stay 4-bit (`quant.py`)."""
+    if isinstance(weight, QuantWeight):
+        if int4_packable(weight) and int4_available():
+            return pack_int4(weight)
+        weight = weight.dequantize()
     return torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 1)
 
 
 def linear_onednn(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, Int4Weight):
+        return linear_int4(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
 def cpu_ops(dtype: torch.dtype) -> OpTable:
-    """The CPU op table for a compute dtype: oneDNN GEMMs for fp32 when torch has them."""
+    """The CPU op table for a compute dtype: oneDNN GEMMs for fp32 when torch has them (and int4
+    GEMMs on packed GGUF weights)."""
     if dtype == torch.float32 and onednn_available():
         return reference.REFERENCE_OPS.with_overrides(
             linear=linear_onednn, prepare_weight=prepare_weight_onednn

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from sgjit.kernels.ops import AttentionMetadata, LayerKV, OpTable, SamplingTensors
+from sgjit.kernels.quant import QuantWeight
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -123,8 +124,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
-    return weight
+def prepare_weight(weight: torch.Tensor | QuantWeight) -> torch.Tensor:
+    return weight.dequantize() if isinstance(weight, QuantWeight) else weight  # fp32 on the CPU
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

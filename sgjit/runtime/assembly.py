@@ -13,8 +13,9 @@ import torch
 
 from sgjit.errors import InvalidRequestError, SgjitError
 from sgjit.kernels.batch_invariant import fixed_rows
-from sgjit.kernels.cpu import cpu_ops
+from sgjit.kernels.cpu import cpu_ops, onednn_available
 from sgjit.kernels.ops import OpTable
+from sgjit.kernels.quant import int4_available
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.kernels.spec import KernelSet, Workload
 from sgjit.runtime.config import RuntimeConfig
@@ -96,12 +97,26 @@ def _ops(
     return ops, kernel_set
 
 
+def _keeps_quantized(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype) -> bool:
+    """GGUF weights computed on packed (CPU, fp32 activations, oneDNN + torch int4 GEMMs)."""
+    if cfg.quantization == "none" or (cfg.quantization == "auto" and cfg.dtype not in (None, "auto")):
+        return False
+    ok = device.type == "cpu" and dtype == torch.float32 and onednn_available() and int4_available()
+    if cfg.quantization == "gguf" and not ok:
+        raise InvalidRequestError(
+            "quantization 'gguf' computes on packed weights on the CPU in float32 (with torch's int4 "
+            "kernels); on this device or dtype use quantization 'none' (weights dequantized at load)",
+            "quantization",
+        )
+    return ok
+
+
 def assemble(cfg: RuntimeConfig) -> Assembly:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     if device.type == "cpu" and cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    ckpt = load_checkpoint(cfg.model, device, dtype)
+    ckpt = load_checkpoint(cfg.model, device, dtype, keep_quantized=_keeps_quantized(cfg, device, dtype))
     mc, tokenizer = ckpt.config, ckpt.tokenizer
     pool = _pool(cfg, mc, device, dtype)
     max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, pool.capacity_tokens)

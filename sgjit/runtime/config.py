@@ -27,6 +27,9 @@ class RuntimeConfig:
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
+    # "gguf": a GGUF file's 4/8-bit GEMM weights stay packed and the CPU computes on them (int4 GEMMs);
+    # "none": dequantized at load; "auto": gguf on CPU unless a dtype is asked for
+    quantization: str = "auto"
     jit_cache_limit: int = 64
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
@@ -46,6 +49,9 @@ class RuntimeConfig:
         need(self.chunked_prefill_size >= self.page_size, "chunked_prefill_size", "must be >= page_size")
         need(self.schedule_policy in ("fcfs", "lpm"), "schedule_policy", "must be 'fcfs' or 'lpm'")
         need(self.kv_cache_dtype in ("auto", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8_e4m3'")
+        need(
+            self.quantization in ("auto", "gguf", "none"), "quantization", "must be 'auto', 'gguf' or 'none'"
+        )
         need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
         need(self.multi_step >= 1, "multi_step", "must be >= 1")
         need(

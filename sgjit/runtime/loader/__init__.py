@@ -33,14 +33,18 @@ def random_checkpoint(
 
 
 def load_checkpoint(
-    model: str | Path | None = None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    model: str | Path | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    keep_quantized: bool = False,
 ) -> Checkpoint:
-    """Read a model. `device`/`dtype` only matter for `random:` shapes, which are drawn in place."""
+    """Read a model. `device`/`dtype` only matter for `random:` shapes, which are drawn in place;
+    `keep_quantized`: a GGUF file's quantized GEMM weights stay packed."""
     if isinstance(model, str) and model.startswith(RANDOM_PREFIX):
         return random_checkpoint(model, device, dtype)
     source = resolve_model(model)
     if source.format == "gguf":
-        return load_gguf(source.path, source.name)
+        return load_gguf(source.path, source.name, keep_quantized)
     return load_hf_dir(source.path, source.name)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.tokenizer import Tokenizer
 
@@ -14,7 +15,8 @@ from sgjit.runtime.tokenizer import Tokenizer
 @dataclass(slots=True)
 class Checkpoint:
     config: ModelConfig
-    weights: dict[str, torch.Tensor]  # Hugging Face tensor names, Hugging Face layouts
+    # Hugging Face tensor names and layouts; GGUF GEMM weights may stay packed (QuantWeight)
+    weights: dict[str, torch.Tensor | QuantWeight]
     tokenizer: Tokenizer
     path: Path
     format: str  # "gguf" | "hf"

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from sgjit.errors import ModelFormatError, UnsupportedModelError
+from sgjit.kernels.quant import QUANT_TYPES, QuantWeight, from_gguf
 from sgjit.runtime.loader.checkpoint import Checkpoint
 from sgjit.runtime.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeConfig
 from sgjit.runtime.tokenizer import Tokenizer
@@ -164,7 +165,14 @@ def tokenizer_from_meta(meta: dict[str, Any], config: ModelConfig) -> Tokenizer:
     )
 
 
-def load_gguf(path: Path, name: str = "") -> Checkpoint:
+def _keeps_packed(hf_name: str) -> bool:
+    """The GEMM weights (and the embedding, which a tied LM head multiplies by)."""
+    return hf_name.endswith(("_proj.weight", "lm_head.weight", "embed_tokens.weight"))
+
+
+def load_gguf(path: Path, name: str = "", keep_quantized: bool = False) -> Checkpoint:
+    """`keep_quantized`: GEMM weights in a format of `sgjit.kernels.quant` stay packed
+    (`QuantWeight`); everything else is dequantized to float32."""
     from gguf.quants import dequantize
 
     reader = _open(path)
@@ -173,7 +181,7 @@ def load_gguf(path: Path, name: str = "") -> Checkpoint:
     config = config_from_gguf(meta, names, name or path.stem)
     tokenizer = tokenizer_from_meta(meta, config)
     permute = config.architecture in ("llama", "mistral")
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor | QuantWeight] = {}
     freq_factors = None
     for t in reader.tensors:
         qtype = t.tensor_type.name
@@ -182,6 +190,25 @@ def load_gguf(path: Path, name: str = "") -> Checkpoint:
                 f"tensor {t.name!r} uses GGUF quantization type {qtype}, which sgjit does not load; "
                 f"supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))}"
             )
+        hf = hf_tensor_name(t.name)
+        if (
+            keep_quantized
+            and hf is not None
+            and qtype in QUANT_TYPES
+            and _keeps_packed(hf)
+            and len(t.shape) == 2
+        ):
+            try:
+                qw = from_gguf(qtype, np.asarray(t.data), (int(t.shape[1]), int(t.shape[0])))
+            except ValueError as e:
+                raise ModelFormatError(
+                    f"tensor {t.name!r} in {path} cannot be read ({e}); is the file truncated?"
+                ) from e
+            if permute and hf.endswith(("q_proj.weight", "k_proj.weight")):
+                n = config.num_heads if "q_proj" in hf else config.num_kv_heads
+                qw = qw.rows(unpermute_qk(np.arange(qw.out_features), n))
+            weights[hf] = qw
+            continue
         try:
             arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
             arr = arr.reshape(tuple(int(d) for d in reversed(t.shape)))
@@ -192,7 +219,6 @@ def load_gguf(path: Path, name: str = "") -> Checkpoint:
         if t.name == "rope_freqs.weight":
             freq_factors = torch.from_numpy(arr.copy())
             continue
-        hf = hf_tensor_name(t.name)
         if hf is None:
             log.debug("ignoring GGUF tensor %s", t.name)
             continue

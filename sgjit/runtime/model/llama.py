@@ -10,6 +10,7 @@ import torch
 
 from sgjit.errors import ModelFormatError
 from sgjit.kernels.ops import LayerKV, OpTable
+from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.model.rope import cos_sin_table
@@ -45,11 +46,12 @@ class LlamaModel:
         self.dtype = dtype
         self.scale = config.head_dim**-0.5
         take = _WeightTaker(weights, device, dtype)
-        self.embed = take("model.embed_tokens.weight")
+        embed = take.gemm("model.embed_tokens.weight")
+        self.embed = take.dense(embed)  # rows gathered by token id
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
         self.final_norm = take("model.norm.weight")
         self.lm_head = ops.prepare_weight(
-            self.embed if config.tie_word_embeddings else take("lm_head.weight")
+            embed if config.tie_word_embeddings else take.gemm("lm_head.weight")
         )
         if "lm_head.weight" in weights and config.tie_word_embeddings:
             weights.pop("lm_head.weight")
@@ -61,21 +63,23 @@ class LlamaModel:
     def _layer(self, take: _WeightTaker, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
         cfg = self.config
-        q, k, v = (take(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
+        q, k, v = (take.gemm(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
         bias = None
         if cfg.qkv_bias:
             bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
         prep = self.ops.prepare_weight
         return LayerWeights(
             attn_norm=take(f"{p}input_layernorm.weight"),
-            qkv=prep(torch.cat([q, k, v]).contiguous()),
+            qkv=prep(take.stack([q, k, v])),
             qkv_bias=bias,
             q_norm=take(f"{p}self_attn.q_norm.weight") if cfg.qk_norm else None,
             k_norm=take(f"{p}self_attn.k_norm.weight") if cfg.qk_norm else None,
-            o_proj=prep(take(f"{p}self_attn.o_proj.weight")),
+            o_proj=prep(take.gemm(f"{p}self_attn.o_proj.weight")),
             ffn_norm=take(f"{p}post_attention_layernorm.weight"),
-            gate_up=prep(torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])),
-            down=prep(take(f"{p}mlp.down_proj.weight")),
+            gate_up=prep(
+                take.stack([take.gemm(f"{p}mlp.gate_proj.weight"), take.gemm(f"{p}mlp.up_proj.weight")])
+            ),
+            down=prep(take.gemm(f"{p}mlp.down_proj.weight")),
         )
 
     @torch.inference_mode()
@@ -113,13 +117,31 @@ class _WeightTaker:
     """Pops named tensors, converting them to the compute dtype and device; reports missing names
     and, at the end, names nothing consumed (a sign of a mismatched checkpoint)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, weights: dict[str, torch.Tensor | QuantWeight], device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.weights, self.device, self.dtype = weights, device, dtype
 
     def __call__(self, name: str) -> torch.Tensor:
+        return self.dense(self.gemm(name))
+
+    def gemm(self, name: str) -> torch.Tensor | QuantWeight:
+        """A GEMM weight: packed GGUF blocks stay packed (`ops.prepare_weight` takes them)."""
         if name not in self.weights:
             raise ModelFormatError(f"weight {name!r} is missing from the checkpoint")
-        return self.weights.pop(name).to(device=self.device, dtype=self.dtype)
+        w = self.weights.pop(name)
+        return w if isinstance(w, QuantWeight) else self.dense(w)
+
+    def dense(self, w: torch.Tensor | QuantWeight) -> torch.Tensor:
+        if isinstance(w, QuantWeight):
+            w = w.dequantize()
+        return w.to(device=self.device, dtype=self.dtype)
+
+    def stack(self, parts: list[torch.Tensor | QuantWeight]) -> torch.Tensor | QuantWeight:
+        """Rows of several weights as one (q|k|v, gate|up), packed where all are packed alike."""
+        if all(isinstance(p, QuantWeight) for p in parts) and len({p.qtype for p in parts}) == 1:  # type: ignore[union-attr]
+            return QuantWeight.cat(parts)  # type: ignore[arg-type]
+        return torch.cat([self.dense(p) for p in parts]).contiguous()
 
     def check_all_used(self) -> None:
         rest = [n for n in self.weights if not n.endswith("rotary_emb.inv_freq")]
