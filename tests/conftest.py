@@ -32,10 +32,22 @@ def bundled_gguf():
 
 @pytest.fixture(scope="session")
 def runtime():
-    """The bundled model on CPU in fp32, shared by the tests that only read from it."""
+    """The bundled model on CPU (fp32, GEMMs on the packed GGUF weights), shared by the tests that
+    only read from it."""
     import sgjit
 
     rt = sgjit.Runtime(device="cpu", max_total_tokens=8192, seed=0)
+    yield rt
+    rt.shutdown()
+
+
+@pytest.fixture(scope="session")
+def dense_runtime():
+    """The bundled model with its weights dequantized at load (fp32 GEMMs): what transformers
+    computes, to within fp32 rounding. `runtime` computes on the packed 4/8-bit weights."""
+    import sgjit
+
+    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, quantization="none")
     yield rt
     rt.shutdown()
 
