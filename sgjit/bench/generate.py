@@ -1,6 +1,8 @@
 """`python -m sgjit.bench.generate`: prompt and decode speed of one request on the bundled model (or
---model), sgjit next to Hugging Face transformers' `generate` on the same prompt, device and dtype,
-in the same run, with the memory-bandwidth roofline of decoding measured at the start.
+--model), sgjit next to its peers on the same prompt in the same run (`--engines`: Hugging Face
+transformers' `generate`, same device and dtype; llama-cpp-python on the same GGUF file, CPU), with
+the memory-bandwidth roofline of decoding (sgjit's weight bytes as its ops hold them) measured at
+the start.
 
 Method, the same for both: prefill time = wall time of a 1-token generation; decode rate =
 (N - 1) / (time of an N-token generation - time of the 1-token one). Medians over --repeat runs."""
@@ -11,11 +13,15 @@ import argparse
 import logging
 from typing import Any
 
-import torch
-
 from sgjit.bench import report
 from sgjit.bench.ceilings import measure
-from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
+from sgjit.bench.peers import (
+    llama_cpp_runner,
+    load_transformers,
+    sgjit_runner,
+    transformers_runner,
+    weight_bytes_read,
+)
 from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.timing import interleaved, synchronizer
 
@@ -23,7 +29,8 @@ log = logging.getLogger(__name__)
 
 COLUMNS = [
     "engine", "prompt_tokens", "prefill_ms", "prefill_tok_s", "decode_tok_s", "decode_roofline_tok_s",
-    "decode_pct_of_roofline", "decode_vs_transformers", "prefill_vs_transformers",
+    "decode_pct_of_roofline", "decode_vs_transformers", "prefill_vs_transformers", "decode_vs_llama.cpp",
+    "prefill_vs_llama.cpp",
 ]  # fmt: skip
 
 PROMPT = (
@@ -59,6 +66,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers peer")
+    p.add_argument(
+        "--engines", nargs="+", default=None, choices=("sgjit", "transformers", "llama.cpp"),
+        help="engines to run (default: sgjit transformers)",
+    )  # fmt: skip
     add_output_args(p)
     args = p.parse_args(argv)
 
@@ -66,20 +77,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rt = Runtime(model_arg(args), device=args.device, dtype=args.dtype, enable_prefix_cache=False)
     ceilings = rt.engine.call(lambda: measure(rt.device))  # on the engine thread: one OpenMP pool
-    weight_bytes = rt.model_config.num_params() * torch.empty(0, dtype=rt.dtype).element_size()
+    weight_bytes = weight_bytes_read(rt.model)
     roof = ceilings.bandwidth_gbps * 1e9 / weight_bytes
     ids = rt.tokenizer.encode(PROMPT)
+    engines = args.engines or (["sgjit"] if args.no_transformers else ["sgjit", "transformers"])
     runners = {"sgjit": sgjit_runner(rt, [ids])}
-    if not args.no_transformers:
+    if "transformers" in engines:
         hf = rt.engine.call(lambda: load_transformers(rt))
         runners["transformers"] = transformers_runner(rt, hf, [ids])
+    if "llama.cpp" in engines:
+        runners["llama.cpp"] = llama_cpp_runner(rt, ids)
     with profiled(rt, args.profile, "generate"):
         times = interleaved(runners, args.new_tokens, args.repeat, synchronizer(rt.device))
     rt.shutdown()
     rows = [row(name, len(ids), args.new_tokens, t1, tn, roof) for name, (t1, tn) in times.items()]
-    if len(rows) == 2:
-        rows[0]["decode_vs_transformers"] = rows[0]["decode_tok_s"] / rows[1]["decode_tok_s"]
-        rows[0]["prefill_vs_transformers"] = rows[0]["prefill_tok_s"] / rows[1]["prefill_tok_s"]
+    for peer in rows[1:]:
+        for what in ("decode", "prefill"):
+            rows[0][f"{what}_vs_{peer['engine']}"] = rows[0][f"{what}_tok_s"] / peer[f"{what}_tok_s"]
     result = {
         **report.header("generate", rt),
         "new_tokens": args.new_tokens,

@@ -77,3 +77,46 @@ def sgjit_runner(rt, batch: list[list[int]]) -> Callable[[int], Any]:
         )
 
     return gen
+
+
+def llama_cpp_runner(rt, ids: list[int]) -> Callable[[int], Any]:
+    """llama-cpp-python on the same GGUF file and prompt: greedy, exactly n new tokens (EOS not
+    checked: `Llama.generate` yields until told to stop), the prompt evaluated afresh each time.
+    `use_extra_bufts=False`: it crashes on these AMX-capable CPUs otherwise."""
+    from llama_cpp import Llama
+
+    llm = Llama(
+        model_path=str(rt.model_path), n_ctx=4096, n_threads=torch.get_num_threads(), use_extra_bufts=False,
+        verbose=False,
+    )  # fmt: skip
+
+    def gen(n: int) -> Any:
+        out = []
+        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            out.append(tok)
+            if len(out) == n:
+                break
+        return out
+
+    return gen
+
+
+def weight_bytes_read(model) -> int:
+    """Bytes of GEMM and norm weights a decode step reads, in the form the ops hold them (fp32,
+    packed 4-bit with bf16 scales, ...), plus the LM head; the embedding is a row gather."""
+    from sgjit.kernels.quant import Int4Weight
+
+    def size(w: Any) -> int:
+        if w is None:
+            return 0
+        if isinstance(w, Int4Weight):
+            return w.packed.numel() + 2 * w.scales_zeros.numel()
+        return w.numel() * w.element_size()
+
+    total = size(model.lm_head) + size(model.final_norm)
+    for layer in model.layers:
+        total += sum(
+            size(getattr(layer, f))
+            for f in ("attn_norm", "qkv", "qkv_bias", "o_proj", "ffn_norm", "gate_up", "down")
+        )
+    return total

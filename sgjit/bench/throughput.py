@@ -10,10 +10,9 @@ import logging
 import time
 from typing import Any
 
-import torch
-
 from sgjit.bench import report
 from sgjit.bench.ceilings import measure
+from sgjit.bench.peers import weight_bytes_read
 from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.workload import synthetic_requests
 
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rt.shutdown()
     out_tokens = sum(r.output_len for r in reqs)
     in_tokens = sum(len(r.input_ids) for r in reqs)
-    weight_bytes = rt.model_config.num_params() * torch.empty(0, dtype=rt.dtype).element_size()
+    weight_bytes = weight_bytes_read(rt.model)
     step_roof = ceilings.read_gbps * 1e9 / weight_bytes  # decode steps/s when weights dominate
     row = {
         "workload": args.workload,
