@@ -32,8 +32,7 @@ def bundled_gguf():
 
 @pytest.fixture(scope="session")
 def runtime():
-    """The bundled model on CPU (fp32, GEMMs on the packed GGUF weights), shared by the tests that
-    only read from it."""
+    """The bundled model on CPU in fp32, shared by the tests that only read from it."""
     import sgjit
 
     rt = sgjit.Runtime(device="cpu", max_total_tokens=8192, seed=0)
@@ -42,12 +41,11 @@ def runtime():
 
 
 @pytest.fixture(scope="session")
-def dense_runtime():
-    """The bundled model with its weights dequantized at load (fp32 GEMMs): what transformers
-    computes, to within fp32 rounding. `runtime` computes on the packed 4/8-bit weights."""
+def packed_runtime():
+    """The bundled model computing on its packed 4/8-bit GGUF weights (quantization="gguf")."""
     import sgjit
 
-    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, quantization="none")
+    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, quantization="gguf")
     yield rt
     rt.shutdown()
 

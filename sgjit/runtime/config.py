@@ -27,8 +27,8 @@ class RuntimeConfig:
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
-    # "gguf": a GGUF file's 4/8-bit GEMM weights stay packed and the CPU computes on them (int4 GEMMs);
-    # "none": dequantized at load; "auto": gguf on CPU unless a dtype is asked for
+    # "gguf": a GGUF file's 4/8-bit GEMM weights stay packed and the CPU computes on them (int4 GEMMs,
+    # experimental: see assembly._keeps_quantized); "none" / "auto": dequantized at load
     quantization: str = "auto"
     jit_cache_limit: int = 64
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case

@@ -140,8 +140,8 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
      "auto (the compute dtype) or fp8_e4m3"}),
     ("--quantization", "quantization", {"choices": ("auto", "gguf", "none"), "help": "gguf: a GGUF file's "
-     "4/8-bit GEMM weights stay packed and the CPU computes on them; none: dequantized at load; auto: "
-     "gguf on CPU unless --dtype is given"}),
+     "4/8-bit GEMM weights stay packed and the CPU computes on them (experimental: faster, less exact, "
+     "not batch-invariant); none or auto: dequantized at load"}),
     ("--enable-deterministic-inference", "deterministic", {"action": "store_true", "help": "GPU, with "
      "sgjit's CUDA kernels: batch-invariant GEMMs and attention, so a request's tokens do not depend on "
      "what it is batched or chunked with (costs speed; docs/performance.md)"}),

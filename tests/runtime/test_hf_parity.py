@@ -18,8 +18,7 @@ PROMPTS = [
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["english", "code", "cjk-emoji"])
-def test_prompt_logprobs_and_greedy_match_transformers(dense_runtime, hf_model, prompt):
-    runtime = dense_runtime
+def test_prompt_logprobs_and_greedy_match_transformers(runtime, hf_model, prompt):
     ids = runtime.tokenizer.encode(prompt)
     out = runtime.generate(
         input_ids=ids,
@@ -42,8 +41,7 @@ def test_prompt_logprobs_and_greedy_match_transformers(dense_runtime, hf_model, 
     assert len(out["output_ids"]) == 32
 
 
-def test_output_logprobs_match_transformers(dense_runtime, hf_model):
-    runtime = dense_runtime
+def test_output_logprobs_match_transformers(runtime, hf_model):
     ids = runtime.tokenizer.encode("Once upon a time")
     out = runtime.generate(
         input_ids=ids,
@@ -68,7 +66,8 @@ PACKED_TOL = 0.4
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["english", "code", "cjk-emoji"])
-def test_packed_weights_match_transformers(runtime, hf_model, prompt):
+def test_packed_weights_match_transformers(packed_runtime, hf_model, prompt):
+    runtime = packed_runtime
     ids = runtime.tokenizer.encode(prompt)
     out = runtime.generate(
         input_ids=ids,
