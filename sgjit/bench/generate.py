@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--dtype", default=None, help="compute dtype for both engines (default fp32 on CPU, bf16 on GPU)"
     )
+    p.add_argument(
+        "--quantization", default="auto", choices=("auto", "gguf", "none"),
+        help="sgjit's weights: gguf = computed on the packed GGUF blocks (CPU)",
+    )  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers peer")
@@ -75,7 +79,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from sgjit.runtime.runtime import Runtime
 
-    rt = Runtime(model_arg(args), device=args.device, dtype=args.dtype, enable_prefix_cache=False)
+    rt = Runtime(
+        model_arg(args), device=args.device, dtype=args.dtype, enable_prefix_cache=False,
+        quantization=args.quantization,
+    )  # fmt: skip
     ceilings = rt.engine.call(lambda: measure(rt.device))  # on the engine thread: one OpenMP pool
     weight_bytes = weight_bytes_read(rt.model)
     roof = ceilings.bandwidth_gbps * 1e9 / weight_bytes

@@ -92,6 +92,7 @@ def llama_cpp_runner(rt, ids: list[int]) -> Callable[[int], Any]:
 
     def gen(n: int) -> Any:
         out = []
+        llm.reset()  # else generate() reuses the cached prompt prefix and skips the prefill
         for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
             out.append(tok)
             if len(out) == n:
