@@ -20,7 +20,6 @@ error <= 2^-9, far under the 4-bit quantization's own), and accumulation is fp32
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -172,7 +171,3 @@ def int4_available() -> bool:
         return bool(torch.allclose(y.float(), torch.full((1, 16), 64.0)))
     except (AttributeError, RuntimeError):
         return False
-
-
-def is_quantized(weight: Any) -> bool:
-    return isinstance(weight, QuantWeight)

@@ -17,15 +17,20 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("prompt", PROMPTS, ids=["english", "code", "cjk-emoji"])
-def test_prompt_logprobs_and_greedy_match_transformers(runtime, hf_model, prompt):
-    ids = runtime.tokenizer.encode(prompt)
-    out = runtime.generate(
+def greedy_with_prompt_logprobs(runtime, ids: list[int]) -> dict:
+    """32 greedy tokens past the prompt, with every prompt token's log-prob."""
+    return runtime.generate(
         input_ids=ids,
         sampling_params={**GREEDY, "max_new_tokens": 32, "ignore_eos": True},
         return_logprob=True,
         logprob_start_len=0,
     )
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["english", "code", "cjk-emoji"])
+def test_prompt_logprobs_and_greedy_match_transformers(runtime, hf_model, prompt):
+    ids = runtime.tokenizer.encode(prompt)
+    out = greedy_with_prompt_logprobs(runtime, ids)
     entries = out["meta_info"]["input_token_logprobs"]
     assert len(entries) == len(ids) and entries[0][0] is None
     assert [e[1] for e in entries] == ids
@@ -69,12 +74,7 @@ PACKED_TOL = 0.4
 def test_packed_weights_match_transformers(packed_runtime, hf_model, prompt):
     runtime = packed_runtime
     ids = runtime.tokenizer.encode(prompt)
-    out = runtime.generate(
-        input_ids=ids,
-        sampling_params={**GREEDY, "max_new_tokens": 32, "ignore_eos": True},
-        return_logprob=True,
-        logprob_start_len=0,
-    )
+    out = greedy_with_prompt_logprobs(runtime, ids)
     ours = torch.tensor([e[0] for e in out["meta_info"]["input_token_logprobs"][1:]])
     with torch.no_grad():
         logits = hf_model(torch.tensor([ids])).logits[0].float()
