@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--dtype", default=None, help="compute dtype for both engines (default fp32 on CPU, bf16 on GPU)"
     )
     p.add_argument(
-        "--quantization", default="auto", choices=("auto", "gguf", "none"),
-        help="sgjit's weights: gguf = computed on the packed GGUF blocks (CPU)",
+        "--quantization", default="auto", choices=("auto", "gguf", "fp8", "none"),
+        help="sgjit's weights: gguf = computed on the packed GGUF blocks (CPU); fp8 = FP8 layer weights (GPU)",
     )  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5)

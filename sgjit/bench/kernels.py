@@ -251,6 +251,42 @@ def bench_sampling(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
         rows.append(_membound(row, small * vocab * 4, ours, ceil, 80))
 
 
+# (name, N, K) of the Llama-3-8B GEMM weights a decode step streams
+GEMV_WEIGHTS = (("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+                ("lm_head", 128256, 4096))  # fmt: skip
+
+
+def bench_gemv(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
+    """Decode-sized products on the 8B weights, as graph replays (the engine's decode path): sgjit's
+    GEMV on bf16 weights against cuBLAS (F.linear), and on FP8 weights against cuBLASLt's FP8 GEMM
+    (torch._scaled_mm, activations quantized per token). Scored in weight bytes over copy BW."""
+    from sgjit.kernels.cuda.gemv import ROW_BUCKETS, GemvLinear
+    from sgjit.kernels.fp8 import Fp8Weight, fp8_matmul_fits, linear_scaled_mm
+
+    gemv = GemvLinear(BF16, "bfloat16", max(ROW_BUCKETS), max(ROW_BUCKETS))
+    for name, n, k in GEMV_WEIGHTS:
+        w = torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5
+        w8 = Fp8Weight.quantize(w)
+        for m in ROW_BUCKETS:
+            x = torch.randn(m, k, device=DEV, dtype=BF16)
+            ours = median_graph_seconds(lambda x=x, w=w: gemv(x, w))
+            ref = median_graph_seconds(lambda x=x, w=w: F.linear(x, w))
+            row = _row("gemv bf16 (vs cuBLAS)", f"{name} M={m} {n}x{k}", ours, ref)
+            rows.append(_membound(row, n * k * 2 + m * (n + k) * 2, ours, ceil, 90))
+            ours = median_graph_seconds(lambda x=x, w8=w8: gemv(x, w8))
+            peer = (
+                median_graph_seconds(lambda x=x, w8=w8: linear_scaled_mm(x, w8))
+                if fp8_matmul_fits(x, w8)
+                else None
+            )
+            row = _row(
+                "gemv fp8 (vs cuBLASLt fp8)", f"{name} M={m} {n}x{k}", ours, peer, bf16_cublas_us=ref * 1e6
+            )
+            rows.append(_membound(row, n * k + 4 * n + m * (n + k) * 2, ours, ceil, 85))
+        del w, w8
+        torch.cuda.empty_cache()
+
+
 def _sampling_params(b: int, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> SamplingTensors:
     f = lambda x: torch.full((b,), x, device=DEV)  # noqa: E731
     return SamplingTensors(
@@ -291,6 +327,7 @@ def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
         "prefill": lambda: bench_prefill(profile, ceil, rows, detail),
         "elementwise": lambda: bench_elementwise(profile, ceil, rows),
         "sampling": lambda: bench_sampling(profile, ceil, rows),
+        "gemv": lambda: bench_gemv(profile, ceil, rows),
         "autotune": lambda: detail.__setitem__("autotune", autotune_report(profile, out)),
     }
     for name, step in steps.items():
@@ -330,7 +367,7 @@ COLUMNS = [
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sgjit.bench.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the full result as JSON here")
-    ap.add_argument("--only", nargs="+", help="sections: decode prefill elementwise sampling autotune")
+    ap.add_argument("--only", nargs="+", help="sections: decode prefill elementwise sampling gemv autotune")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     if not torch.cuda.is_available():

@@ -16,7 +16,7 @@ import torch
 
 from sgjit.bench import report
 from sgjit.bench.ceilings import Ceilings, measure
-from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner
+from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner, weight_bytes_read
 from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
 from sgjit.bench.workload import synthetic_requests
@@ -28,7 +28,7 @@ COLUMNS = [
     "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
     "decode_vs_transformers", "prefill_vs_transformers",
 ]  # fmt: skip
-ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic")
+ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic", "sgjit-fp8")
 DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
@@ -48,10 +48,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) -> tuple[float, float]:
-    """(prefill seconds, decode tok/s per sequence) the hardware allows for this batch."""
+    """(prefill seconds, decode tok/s per sequence) the hardware allows for this batch: a decode
+    step reads the weights as this runtime holds them (bf16, FP8, ...) and the KV; prefill counts
+    the FLOPs at the bf16 GEMM peak."""
     mc = rt.model_config
     elem = torch.empty(0, dtype=rt.dtype).element_size()
-    weights = mc.num_params() * elem
+    weights = weight_bytes_read(rt.model)
     ctx = input_len + output_len / 2
     kv_bytes = bs * ctx * 2 * mc.num_layers * mc.kv_size * elem
     decode_step = (weights + kv_bytes) / (ceilings.bandwidth_gbps * 1e9)
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
     if "sgjit-deterministic" in args.engines:  # the JIT with batch-invariant GEMMs and attention
         runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
+    if "sgjit-fp8" in args.engines:  # the JIT with the layers' weights in FP8 (quantized at load)
+        runtimes["sgjit-fp8"] = Runtime(model, enable_jit=True, quantization="fp8", **opts)
     base = runtimes["sgjit"]
     try:
         ceilings = base.engine.call(lambda: measure(base.device))
@@ -90,8 +94,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with profiled(base, args.profile, f"latency-b{bs}"):
                 times = interleaved(runners, args.output_len, args.repeat, sync)
             host_us = {name: host_us_per_step(rt, before[name]) for name, rt in runtimes.items()}
-            prefill_roof, decode_roof = rooflines(base, ceilings, bs, args.input_len, args.output_len)
             for name, (t1, tn) in times.items():
+                prefill_roof, decode_roof = rooflines(
+                    runtimes.get(name, base), ceilings, bs, args.input_len, args.output_len
+                )
                 per_seq = (args.output_len - 1) / max(tn - t1, 1e-9)
                 rows.append({
                     "engine": name, "batch": bs, "input_len": args.input_len, "output_len": args.output_len,

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from sgjit.kernels import reference
+from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.quant import Int4Weight, QuantWeight, int4_available, int4_packable, linear_int4, pack_int4
 
@@ -28,8 +29,11 @@ def onednn_available() -> bool:
         return False
 
 
-def prepare_weight_onednn(weight: torch.Tensor | QuantWeight) -> Any:
-    """oneDNN's packed fp32 layout; GGUF blocks torch's int4 GEMM takes stay 4-bit (`quant.py`)."""
+def prepare_weight_onednn(weight: torch.Tensor | QuantWeight | Fp8Weight) -> Any:
+    """oneDNN's packed fp32 layout; GGUF blocks torch's int4 GEMM takes stay 4-bit (`quant.py`);
+    FP8 weights stay FP8 (computed by the reference path: for checking, not for speed)."""
+    if isinstance(weight, Fp8Weight):
+        return weight
     if isinstance(weight, QuantWeight):
         if int4_packable(weight) and int4_available():
             return pack_int4(weight)
@@ -40,6 +44,8 @@ def prepare_weight_onednn(weight: torch.Tensor | QuantWeight) -> Any:
 def linear_onednn(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(weight, Int4Weight):
         return linear_int4(x, weight, bias)
+    if isinstance(weight, Fp8Weight):
+        return reference.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 

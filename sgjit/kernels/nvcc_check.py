@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sgjit.kernels.cuda.activation import silu_mul_name
 from sgjit.kernels.cuda.attention import attention_name, merge_name
+from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
@@ -67,6 +68,9 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         "rope": sorted({rope_name(dt, kv, d, d) for dt, kv in kv_pairs for d in (64, 128)}),
         "attention": sorted(attn),
         "sampling": list(SAMPLING_NAMES),
+        "gemv": [
+            gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS
+        ],
     }
 
 

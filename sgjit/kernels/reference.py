@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sgjit.kernels import fp8
+from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.ops import AttentionMetadata, LayerKV, OpTable, SamplingTensors
 from sgjit.kernels.quant import QuantWeight
 
@@ -120,7 +122,15 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :d]) * x[..., d:]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    if isinstance(weight, Fp8Weight):  # cuBLASLt's FP8 GEMM where the GPU has one, else fp32 math
+        return (
+            fp8.linear_scaled_mm(x, weight, bias)
+            if fp8.fp8_matmul_fits(x, weight)
+            else fp8.linear_reference(x, weight, bias)
+        )
     return F.linear(x, weight, bias)
 
 

@@ -93,6 +93,22 @@ class _Unfit(Exception):
     """A variant's heuristics found no tunable setting for this device."""
 
 
+# Rows up to which sgjit's GEMV beats the tensor-core GEMMs, from the H200 sweep in
+# docs/performance.md (`python -m sgjit.bench.kernels --only gemv`).
+GEMV_DENSE_ROWS = 1
+GEMV_FP8_ROWS = 8
+
+
+def _gemv_rows(profile: DeviceProfile, workload: Workload) -> tuple[dict[str, Any], str]:
+    if workload.batch_invariant:  # every product goes through fixed 128-row GEMMs instead
+        return {"dense_rows": 0, "fp8_rows": 0}, "batch-invariant: GEMMs of fixed 128-row blocks, no GEMV"
+    fp8_rows = GEMV_FP8_ROWS if profile.compute_capability >= (8, 9) else 16  # no FP8 tensor cores below
+    return (
+        {"dense_rows": GEMV_DENSE_ROWS, "fp8_rows": fp8_rows},
+        f"GEMV up to {GEMV_DENSE_ROWS} rows (bf16/fp16 weights) and {fp8_rows} (fp8), cuBLAS above",
+    )
+
+
 def _parse_overrides(spec: str) -> dict[str, str]:
     """SGJIT_KERNELS: "auto" | "reference" | "op=variant,...". Unknown names are an error that
     lists the valid ones."""
@@ -210,6 +226,8 @@ class KernelSelector:
     def _tune(
         self, op: str, profile: DeviceProfile, shapes: ModelShapes, workload: Workload
     ) -> tuple[dict[str, Any], str]:
+        if op == "linear":
+            return _gemv_rows(profile, workload)
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)

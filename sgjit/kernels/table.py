@@ -28,7 +28,7 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSet) -> dict[str, Callable]:
     """The kernel callables for one op, keyed by op name (the norm kernels serve two ops)."""
-    from sgjit.kernels.cuda import activation, attention, norm, rope, sampling
+    from sgjit.kernels.cuda import activation, attention, gemv, norm, rope, sampling
 
     if op in ("sample", "apply_bitmask"):  # logits are float32 whatever the model dtype
         k = sampling.Sampling(profile.sm_count)
@@ -38,6 +38,9 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
         widths = (shapes.hidden, shapes.head_dim) if shapes.qk_norm else (shapes.hidden,)
         k = norm.RMSNorm(dtype, shapes.dtype, widths)
         return {"rmsnorm": k.rmsnorm, "add_rmsnorm": k.add_rmsnorm}
+    if op == "linear":
+        t = ks[op].tunables
+        return {op: gemv.GemvLinear(dtype, shapes.dtype, t["dense_rows"], t["fp8_rows"])}
     if op == "silu_mul":
         return {op: activation.SiluMul(dtype, shapes.dtype, profile.sm_count)}
     if op == "rope_store_kv":

@@ -14,6 +14,7 @@ import torch
 from sgjit.errors import InvalidRequestError, SgjitError
 from sgjit.kernels.batch_invariant import fixed_rows
 from sgjit.kernels.cpu import cpu_ops, onednn_available
+from sgjit.kernels.fp8 import Fp8Weight, scaled_mm_available
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.quant import int4_available
 from sgjit.kernels.reference import REFERENCE_OPS
@@ -24,7 +25,7 @@ from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
 from sgjit.runtime.engine import EngineParts
 from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
-from sgjit.runtime.loader import load_checkpoint
+from sgjit.runtime.loader import Checkpoint, load_checkpoint
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model_runner import ModelRunner
@@ -112,6 +113,27 @@ def _keeps_quantized(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtyp
     return True
 
 
+def _fp8_weights(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype, ckpt: Checkpoint) -> bool:
+    """FP8 layer weights: when asked for, or by default for an FP8 checkpoint on a GPU with FP8
+    tensor cores (elsewhere such a checkpoint is dequantized at load)."""
+    if cfg.quantization == "fp8":
+        if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
+            raise InvalidRequestError(
+                "quantization 'fp8' computes in bfloat16 or float16 on the GPU; drop --dtype float32",
+                "quantization",
+            )
+        if device.type != "cuda":
+            log.warning(
+                "FP8 weights on %s run on the reference path (fp32 math): for checking, not speed", device
+            )
+        return True
+    has_fp8 = any(isinstance(w, Fp8Weight) for w in ckpt.weights.values())
+    return (
+        cfg.quantization == "auto" and has_fp8 and device.type == "cuda"
+        and scaled_mm_available(device.index or 0) and dtype in (torch.bfloat16, torch.float16)
+    )  # fmt: skip
+
+
 def assemble(cfg: RuntimeConfig) -> Assembly:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -124,7 +146,7 @@ def assemble(cfg: RuntimeConfig) -> Assembly:
     ops, kernel_set = _ops(cfg, mc, device, dtype, pool, max_model_len)
     model = LlamaModel(
         mc, ckpt.weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
-        rope_freq_factors=ckpt.rope_freq_factors,
+        rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
     )  # fmt: skip
     eos = mc.eos_token_ids or tokenizer.eos_token_ids
     graphs = None

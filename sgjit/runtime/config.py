@@ -28,7 +28,9 @@ class RuntimeConfig:
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
     # "gguf": a GGUF file's 4/8-bit GEMM weights stay packed and the CPU computes on them (int4 GEMMs,
-    # experimental: see assembly._keeps_quantized); "none" / "auto": dequantized at load
+    # experimental: see assembly._keeps_quantized); "fp8": the layers' GEMM weights in FP8 e4m3 with
+    # per-channel scales (quantized at load unless the checkpoint is FP8); "auto": FP8 checkpoints
+    # stay FP8 on GPUs with FP8 tensor cores, everything else is dequantized; "none": dequantized
     quantization: str = "auto"
     jit_cache_limit: int = 64
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
@@ -50,7 +52,9 @@ class RuntimeConfig:
         need(self.schedule_policy in ("fcfs", "lpm"), "schedule_policy", "must be 'fcfs' or 'lpm'")
         need(self.kv_cache_dtype in ("auto", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8_e4m3'")
         need(
-            self.quantization in ("auto", "gguf", "none"), "quantization", "must be 'auto', 'gguf' or 'none'"
+            self.quantization in ("auto", "gguf", "fp8", "none"),
+            "quantization",
+            "must be 'auto', 'gguf', 'fp8' or 'none'",
         )
         need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
         need(self.multi_step >= 1, "multi_step", "must be >= 1")

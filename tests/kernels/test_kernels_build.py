@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from sgjit.kernels.nvcc_check import find_nvcc, instantiations
+from sgjit.kernels.sources import FAMILIES
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")
 
@@ -20,7 +21,7 @@ def _build(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_family_has_instantiations():
     inst = instantiations()
-    assert set(inst) == {"norm", "activation", "rope", "attention", "sampling"}
+    assert set(inst) == set(FAMILIES) == {"norm", "activation", "rope", "attention", "sampling", "gemv"}
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])
 
@@ -30,7 +31,7 @@ def test_build_check_compiles_everything_for_sm80_and_sm90():
     proc = _build()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for arch in ("sm_80", "sm_90"):
-        assert proc.stdout.count(arch) == 5  # one line per family
+        assert proc.stdout.count(arch) == len(FAMILIES)  # one line per family
 
 
 @needs_nvcc

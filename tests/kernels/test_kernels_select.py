@@ -53,7 +53,19 @@ def test_attention_tiles_follow_shared_memory(device, decode, prefill):
     assert (t["decode_tile"].name, t["prefill_tile"].name) == (decode, prefill)
     p = PROFILES[device]
     assert t["decode_tile"].blocks_per_sm(p, 128, 2) >= 2
-    assert ks["linear"].variant == "reference" and "cuBLAS" in ks["linear"].reason
+    assert ks["linear"].variant == "cuda" and ks["linear"].tunables["fp8_rows"] >= 1
+
+
+def test_gemv_rows_by_device_and_mode():
+    """The GEMV takes decode-sized products; without FP8 tensor cores (A100) it takes every FP8
+    product it can; the deterministic mode sends everything to its fixed-row GEMMs instead."""
+    h200 = KernelSelector().select(PROFILES["H200"], shapes())["linear"].tunables
+    a100 = KernelSelector().select(PROFILES["A100-SXM4-80GB"], shapes())["linear"].tunables
+    assert h200["dense_rows"] >= 1 and 1 <= h200["fp8_rows"] <= a100["fp8_rows"] == 16
+    det = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))["linear"]
+    assert det.tunables == {"dense_rows": 0, "fp8_rows": 0} and "batch-invariant" in det.reason
+    f32 = KernelSelector().select(PROFILES["H200"], shapes(dtype=torch.float32))["linear"]
+    assert f32.variant == "reference"
 
 
 def test_fp8_pool_tile():

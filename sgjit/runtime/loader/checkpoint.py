@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.tokenizer import Tokenizer
@@ -15,8 +16,9 @@ from sgjit.runtime.tokenizer import Tokenizer
 @dataclass(slots=True)
 class Checkpoint:
     config: ModelConfig
-    # Hugging Face tensor names and layouts; GGUF GEMM weights may stay packed (QuantWeight)
-    weights: dict[str, torch.Tensor | QuantWeight]
+    # Hugging Face tensor names and layouts; GGUF GEMM weights may stay packed (QuantWeight), an FP8
+    # checkpoint's weights come with their scales (Fp8Weight)
+    weights: dict[str, torch.Tensor | QuantWeight | Fp8Weight]
     tokenizer: Tokenizer
     path: Path
     format: str  # "gguf" | "hf"

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from sgjit.errors import ModelFormatError
+from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.ops import LayerKV, OpTable
 from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.forward_batch import ForwardBatch
@@ -39,13 +40,17 @@ class LlamaModel:
         dtype: torch.dtype,
         max_positions: int | None = None,
         rope_freq_factors: torch.Tensor | None = None,
+        fp8_weights: bool = False,
     ) -> None:
+        """`fp8_weights`: the layers' GEMM weights as FP8 with per-channel scales (quantized here
+        when the checkpoint holds them in 16/32 bits); otherwise FP8 checkpoint weights are
+        dequantized. Embeddings and the LM head keep the compute dtype."""
         self.config = config
         self.ops = ops
         self.device = device
         self.dtype = dtype
         self.scale = config.head_dim**-0.5
-        take = _WeightTaker(weights, device, dtype)
+        take = _WeightTaker(weights, device, dtype, fp8_weights)
         embed = take.gemm("model.embed_tokens.weight")
         self.embed = take.dense(embed)  # rows gathered by token id
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
@@ -63,7 +68,7 @@ class LlamaModel:
     def _layer(self, take: _WeightTaker, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
         cfg = self.config
-        q, k, v = (take.gemm(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
+        q, k, v = (take.layer_gemm(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
         bias = None
         if cfg.qkv_bias:
             bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
@@ -74,12 +79,10 @@ class LlamaModel:
             qkv_bias=bias,
             q_norm=take(f"{p}self_attn.q_norm.weight") if cfg.qk_norm else None,
             k_norm=take(f"{p}self_attn.k_norm.weight") if cfg.qk_norm else None,
-            o_proj=prep(take.gemm(f"{p}self_attn.o_proj.weight")),
+            o_proj=prep(take.layer_gemm(f"{p}self_attn.o_proj.weight")),
             ffn_norm=take(f"{p}post_attention_layernorm.weight"),
-            gate_up=prep(
-                take.stack([take.gemm(f"{p}mlp.gate_proj.weight"), take.gemm(f"{p}mlp.up_proj.weight")])
-            ),
-            down=prep(take.gemm(f"{p}mlp.down_proj.weight")),
+            gate_up=prep(take.stack([take.layer_gemm(f"{p}mlp.{n}_proj.weight") for n in ("gate", "up")])),
+            down=prep(take.layer_gemm(f"{p}mlp.down_proj.weight")),
         )
 
     @torch.inference_mode()
@@ -118,29 +121,45 @@ class _WeightTaker:
     and, at the end, names nothing consumed (a sign of a mismatched checkpoint)."""
 
     def __init__(
-        self, weights: dict[str, torch.Tensor | QuantWeight], device: torch.device, dtype: torch.dtype
+        self,
+        weights: dict[str, torch.Tensor | QuantWeight | Fp8Weight],
+        device: torch.device,
+        dtype: torch.dtype,
+        fp8: bool = False,
     ) -> None:
-        self.weights, self.device, self.dtype = weights, device, dtype
+        self.weights, self.device, self.dtype, self.fp8 = weights, device, dtype, fp8
 
     def __call__(self, name: str) -> torch.Tensor:
         return self.dense(self.gemm(name))
 
-    def gemm(self, name: str) -> torch.Tensor | QuantWeight:
-        """A GEMM weight: packed GGUF blocks stay packed (`ops.prepare_weight` takes them)."""
+    def gemm(self, name: str) -> torch.Tensor | QuantWeight | Fp8Weight:
+        """A GEMM weight: packed GGUF blocks stay packed (`ops.prepare_weight` takes them), FP8
+        ones stay FP8 in fp8 mode."""
         if name not in self.weights:
             raise ModelFormatError(f"weight {name!r} is missing from the checkpoint")
         w = self.weights.pop(name)
+        if isinstance(w, Fp8Weight) and self.fp8:
+            return w.to(self.device)
         return w if isinstance(w, QuantWeight) else self.dense(w)
 
-    def dense(self, w: torch.Tensor | QuantWeight) -> torch.Tensor:
+    def layer_gemm(self, name: str) -> torch.Tensor | QuantWeight | Fp8Weight:
+        """A decoder layer's projection: quantized to FP8 here in fp8 mode."""
+        w = self.gemm(name)
+        return Fp8Weight.quantize(w) if self.fp8 and isinstance(w, torch.Tensor) else w
+
+    def dense(self, w: torch.Tensor | QuantWeight | Fp8Weight) -> torch.Tensor:
         if isinstance(w, QuantWeight):
             w = w.dequantize()
+        elif isinstance(w, Fp8Weight):
+            w = w.to(self.device).dequantize(self.dtype)
         return w.to(device=self.device, dtype=self.dtype)
 
-    def stack(self, parts: list[torch.Tensor | QuantWeight]) -> torch.Tensor | QuantWeight:
+    def stack(self, parts: list) -> torch.Tensor | QuantWeight | Fp8Weight:
         """Rows of several weights as one (q|k|v, gate|up), packed where all are packed alike."""
-        if all(isinstance(p, QuantWeight) for p in parts) and len({p.qtype for p in parts}) == 1:  # type: ignore[union-attr]
-            return QuantWeight.cat(parts)  # type: ignore[arg-type]
+        if all(isinstance(p, QuantWeight) for p in parts) and len({p.qtype for p in parts}) == 1:
+            return QuantWeight.cat(parts)
+        if all(isinstance(p, Fp8Weight) for p in parts):
+            return Fp8Weight.cat(parts)
         return torch.cat([self.dense(p) for p in parts]).contiguous()
 
     def check_all_used(self) -> None:
