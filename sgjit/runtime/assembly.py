@@ -23,6 +23,7 @@ from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
 from sgjit.runtime.engine import EngineParts
+from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import Checkpoint, load_checkpoint
@@ -149,24 +150,28 @@ def assemble(cfg: RuntimeConfig) -> Assembly:
         rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
     )  # fmt: skip
     eos = mc.eos_token_ids or tokenizer.eos_token_ids
+    futures = TokenFutures(cfg.multi_step, max(cfg.max_running_requests, cfg.cuda_graph_max_bs), device)
     graphs = None
-    if device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph):
+    if cfg.use_bucketed_decode(device.type):
         # the static-shape decode path (batch buckets, multi-step); captured unless CUDA graphs are off
         graphs = DecodeGraphs(
-            model, pool, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step, eos_token_ids=eos,
-            capture=cfg.use_cuda_graph,
+            model, pool, futures, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step,
+            eos_token_ids=eos, capture=device.type == "cuda" and cfg.use_cuda_graph,
         )  # fmt: skip
+    scheduling = SchedulerConfig(
+        cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy, cfg.mixed_step_tokens,
+        max_model_len,
+    )  # fmt: skip
     parts = EngineParts(
-        runner=ModelRunner(model, pool, graphs),
+        runner=ModelRunner(model, pool, futures, graphs),
         scheduler=Scheduler(
-            pool,
-            RadixCache(pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache),
-            SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy),
+            pool, RadixCache(pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache), scheduling
         ),
         sampler=Sampler(ops, device, mc.vocab_size, cfg.seed),
         tokenizer=tokenizer,
         eos_token_ids=eos,
         max_model_len=max_model_len,
+        overlap=cfg.use_overlap(device.type),
     )
     return Assembly(
         device=device, dtype=dtype, model_config=mc, model_path=ckpt.path, tokenizer=tokenizer, pool=pool,

@@ -1,19 +1,25 @@
 """Turns a scheduled batch into a `ForwardBatch` (flat token ids, positions, KV slots, page table)
-and runs the model on it."""
+and runs the model on it. Inputs go to the device without waiting for it (`transfer.to_device`), and
+placeholder ids of tokens still on the device are resolved there (`TokenFutures`), so a step can be
+built and launched while the previous one runs."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sgjit.kernels.ops import AttentionMetadata
 from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.forward_batch import ForwardBatch
+from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.sampler import RowSampling
 from sgjit.runtime.scheduler import RowChunk
+from sgjit.runtime.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -28,11 +34,16 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: PagedKVPool, graphs: DecodeGraphs | None = None) -> None:
+    def __init__(
+        self, model: LlamaModel, pool: PagedKVPool, futures: TokenFutures, graphs: DecodeGraphs | None = None
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
+        self.futures = futures
         self.graphs = graphs
+        self._cpu = self.device.type == "cpu"
+        self._compute_seconds = 0.0
 
     def build(
         self, rows: list[RowChunk]
@@ -47,7 +58,7 @@ class ModelRunner:
         sample_index: dict[int, int] = {}
         prompt_index: dict[int, tuple[int, int, int]] = {}
         max_pages = max(len(r.req.pages) for r in rows)
-        table = torch.zeros(len(rows), max_pages, dtype=torch.int32)
+        table = np.zeros((len(rows), max_pages), dtype=np.int32)
         for b, row in enumerate(rows):
             req, start, end = row.req, row.start, row.end
             base = len(ids)
@@ -58,7 +69,7 @@ class ModelRunner:
             slots.extend(pages[p // ps] * ps + p % ps for p in pos)
             qo_indptr.append(len(ids))
             kv_lens.append(end)
-            table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            table[b, : len(pages)] = pages
             # Input logprob of prompt token t comes from the logits at position t - 1.
             first = max(start, req.next_input_logprob - 1, 0)
             last = min(end, req.prompt_len - 1)
@@ -69,22 +80,26 @@ class ModelRunner:
                 sample_index[b] = len(logits_idx)
                 logits_idx.append(base + end - 1 - start)
         dev = self.device
+        page_table = torch.from_numpy(table)
         meta = AttentionMetadata(
-            qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=dev),
-            kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev),
-            page_table=table.to(dev),
+            qo_indptr=to_device(qo_indptr, torch.int32, dev),
+            kv_lens=to_device(kv_lens, torch.int32, dev),
+            page_table=page_table if dev.type == "cpu" else page_table.to(dev, non_blocking=True),
             page_size=ps,
             max_q_len=max(qo_indptr[i + 1] - qo_indptr[i] for i in range(len(rows))),
             max_kv_len=max(kv_lens),
             qo_indptr_host=qo_indptr,
             kv_lens_host=kv_lens,
         )
+        input_ids = to_device(ids, torch.int64, dev)
+        if min(ids) < 0:  # tokens the step in flight is drawing
+            input_ids = self.futures.resolve(input_ids)
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            input_ids=input_ids,
+            positions=to_device(positions, torch.int64, dev),
+            slot_mapping=to_device(slots, torch.int64, dev),
             attn=meta,
-            logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=dev),
+            logits_indices=to_device(logits_idx, torch.int64, dev),
         )
         return batch, sample_index, prompt_index
 
@@ -92,7 +107,21 @@ class ModelRunner:
         if self.graphs is not None and self._graphable(rows):
             return self._forward_graph(rows)
         batch, sample_index, prompt_index = self.build(rows)
-        return StepLogits(self.model.forward(batch, self.pool.layers), sample_index, prompt_index)
+        t = time.perf_counter()
+        logits = self.model.forward(batch, self.pool.layers)
+        if self._cpu:
+            self._compute_seconds += time.perf_counter() - t
+        return StepLogits(logits, sample_index, prompt_index)
+
+    @property
+    def cpu_compute_seconds(self) -> float:
+        """Time the model has computed on the CPU, where the host is the device: what the engine's
+        host-time counters leave out there (on a GPU the host only queues the work; this stays 0)."""
+        return self._compute_seconds + (self.graphs.compute_seconds if self.graphs is not None else 0.0)
+
+    @property
+    def capture_seconds(self) -> float:
+        return self.graphs.capture_seconds if self.graphs is not None else 0.0
 
     def _graphable(self, rows: list[RowChunk]) -> bool:
         """Pure decode steps (one token a row, every row sampling) replay a captured graph."""
@@ -124,9 +153,10 @@ class ModelRunner:
         stop_on_eos: list[bool],
         sampling: RowSampling | None = None,
         generator: torch.Generator | None = None,
-    ) -> list[list[int]] | None:
-        """`multi_steps` tokens a row from one multi-step graph (greedy unless `sampling` says
-        otherwise); None when the batch does not fit the graphs (the caller then takes a single step)."""
+    ) -> torch.Tensor | None:
+        """Queue `multi_steps` tokens a row from one multi-step graph (greedy unless `sampling` says
+        otherwise): the device tensor [steps, rows] they will be in (the futures' cells); None when
+        the batch does not fit the graphs (the caller then takes a single step)."""
         if self.graphs is None or not self.graphs.can_run(
             len(rows), max(r.end for r in rows) + self.multi_steps
         ):

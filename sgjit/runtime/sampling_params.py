@@ -254,11 +254,6 @@ class SamplingParams:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
-    def needs_host_per_token(self) -> bool:
-        """The host must see each token before the next (a stop string or regex, a logit bias)."""
-        return bool(self.stop or self.stop_regex or self.stop_token_ids or self.logit_bias)
-
-    @property
     def grammar_key(self) -> tuple[str, str] | None:
         if self.regex is not None:
             return ("regex", self.regex)
