@@ -4,7 +4,10 @@ run, next to the rooflines measured at the start.
 
 Method, the same for every engine: prefill (= TTFT of the batch) is the wall time of a 1-token
 generation; decode rate per sequence = (N - 1) / (time of an N-token generation - that); medians of
---repeat rounds taken in turn, engine by engine."""
+--repeat rounds taken in turn, engine by engine. `host_us_per_step`: the engine thread's time per
+decode step inside multi-step launches, device waits (on the CPU: the model's own compute) left
+out; `output_us_per_token`: the output thread's time per token handed out. On the CPU only
+`sgjit-bucketed` (the GPU's bucketed multi-step decode path, run eagerly) has multi-step launches."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from sgjit.bench import report
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner, weight_bytes_read
 from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
-from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
+from sgjit.bench.timing import host_us_per_step, interleaved, output_us_per_token, synchronizer
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
@@ -26,9 +29,18 @@ log = logging.getLogger(__name__)
 COLUMNS = [
     "engine", "batch", "prefill_ms", "prefill_roofline_ms", "prefill_tok_s", "decode_tok_s_per_seq",
     "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
-    "decode_vs_transformers", "prefill_vs_transformers",
+    "output_us_per_token", "decode_vs_transformers", "prefill_vs_transformers",
 ]  # fmt: skip
-ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic", "sgjit-fp8")
+ENGINES = (
+    "sgjit-jit", "sgjit", "transformers", "sgjit-deterministic", "sgjit-fp8", "sgjit-no-overlap", "sgjit-bucketed",
+)  # fmt: skip
+# the JIT with one setting changed
+VARIANTS = {
+    "sgjit-deterministic": {"deterministic": True},  # batch-invariant GEMMs and attention
+    "sgjit-fp8": {"quantization": "fp8"},  # the layers' weights in FP8 (quantized at load)
+    "sgjit-no-overlap": {"overlap_schedule": False},  # each step read back before the next is launched
+    "sgjit-bucketed": {"bucketed_decode": True},  # the GPU's decode path; on the CPU, run eagerly
+}
 DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
@@ -75,10 +87,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runtimes = {"sgjit": Runtime(model, **opts)}
     if "sgjit-jit" in args.engines:
         runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
-    if "sgjit-deterministic" in args.engines:  # the JIT with batch-invariant GEMMs and attention
-        runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
-    if "sgjit-fp8" in args.engines:  # the JIT with the layers' weights in FP8 (quantized at load)
-        runtimes["sgjit-fp8"] = Runtime(model, enable_jit=True, quantization="fp8", **opts)
+    for name, change in VARIANTS.items():
+        if name in args.engines:
+            runtimes[name] = Runtime(model, enable_jit=True, **opts, **change)
     base = runtimes["sgjit"]
     try:
         ceilings = base.engine.call(lambda: measure(base.device))
@@ -94,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with profiled(base, args.profile, f"latency-b{bs}"):
                 times = interleaved(runners, args.output_len, args.repeat, sync)
             host_us = {name: host_us_per_step(rt, before[name]) for name, rt in runtimes.items()}
+            output_us = {name: output_us_per_token(rt, before[name]) for name, rt in runtimes.items()}
             for name, (t1, tn) in times.items():
                 prefill_roof, decode_roof = rooflines(
                     runtimes.get(name, base), ceilings, bs, args.input_len, args.output_len
@@ -105,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "prefill_roofline_ms": prefill_roof * 1000,
                     "decode_tok_s_per_seq": per_seq, "decode_tok_s_total": per_seq * bs,
                     "decode_roofline_tok_s_per_seq": decode_roof, "decode_pct_of_roofline": 100 * per_seq / decode_roof,
-                    "host_us_per_step": host_us.get(name),
+                    "host_us_per_step": host_us.get(name), "output_us_per_token": output_us.get(name),
                 })  # fmt: skip
             peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "transformers"), None)
             for r in rows:

@@ -230,9 +230,12 @@ class DecodeGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside capture: lazy inits, kernel compiles, workspaces
+            # the tokens of a launch in flight, which the launch being captured reads as its inputs
+            kept = self.futures.tokens.clone()
             for _ in range(2):
                 self._park(b)  # NOTE: the buffers may hold live rows' slots; warm-up writes to scratch only
                 self._decode_steps(batch, bs, ctx, steps, sampled)
+            self.futures.tokens.copy_(kept)
         torch.cuda.current_stream().wait_stream(side)
         self._park(b)
         graph = torch.cuda.CUDAGraph()

@@ -37,6 +37,7 @@ from sgjit.runtime.request import PrefixHandle, Request, Status
 from sgjit.runtime.result import FinishReason
 from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.scheduler import RowChunk, Scheduler
+from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import Tokenizer
 from sgjit.runtime.transfer import Readback, to_device
 
@@ -183,7 +184,7 @@ class Engine:
         if kind == "submit":
             for req in arg:
                 p = req.params
-                req.stop_ids = frozenset(p.stop_token_ids) | frozenset(() if p.ignore_eos else self.eos_token_ids)
+                req.stop_ids = p.finishing_ids(self.eos_token_ids)
                 self._host_bound += req.grammar is not None or p.has_penalties
                 self._by_id[req.rid] = req
                 self.scheduler.add(req)
@@ -267,7 +268,9 @@ class Engine:
                 "multi-step decode of %d rows failed (%s); rerunning them one by one", len(f.rows), f.error
             )
             if self._isolate(f.rows) == 0:
-                log.error("multi-step decode fails where single steps do not; turning it off", exc_info=f.error)
+                log.error(
+                    "multi-step decode fails where single steps do not; turning it off", exc_info=f.error
+                )
                 self.multi_step_off = True
         elif len(f.rows) == 1:
             log.error("request %s failed in a forward step", f.rows[0].req.rid, exc_info=f.error)
@@ -408,7 +411,10 @@ class Engine:
         t0 = time.perf_counter()
         host = iter(launch.readback.wait())
         tokens = next(host).tolist() if launch.sampled else []
-        inputs = {lp.row: (lp.first_pos, HostLogprobs.read(lp.values, host), lp.with_first) for lp in launch.input_logprobs}
+        inputs = {
+            lp.row: (lp.first_pos, HostLogprobs.read(lp.values, host), lp.with_first)
+            for lp in launch.input_logprobs
+        }
         outputs = {j: HostLogprobs.read(lp, host) for j, lp in launch.output_logprobs.items()}
         sampled = dict(zip(launch.sampled, range(len(launch.sampled))))
         updates: list[TokenUpdate] = []
@@ -430,7 +436,7 @@ class Engine:
             got = [tokens[k][j] for k in range(count)] if launch.multi else [tokens[j]]
             req.tokens[base : base + count] = got
             try:
-                end, reason = self._first_finish(req, base, got)
+                end, reason = first_finish(req, base, got, self.max_model_len)
             except Exception as e:  # noqa: BLE001 - e.g. a grammar failure ends only its request
                 log.exception("request %s failed", req.rid)
                 ended.append((req, FinishReason.abort(str(e)), e))
@@ -463,32 +469,6 @@ class Engine:
         launch.host_seconds += time.perf_counter() - t0 - waited
         if launch.multi:
             self.counters["multi_step_host_us"] += int(launch.host_seconds * 1e6)
-
-    def _first_finish(self, req: Request, base: int, got: list[int]) -> tuple[int | None, FinishReason | None]:
-        """The first of the tokens `got` (at `base` in `req.tokens`) that ends the request by its id,
-        and why — in the order a single token is checked: a stop token or EOS, the grammar's end,
-        max_new_tokens, the context. Advances the grammar over the tokens up to there."""
-        p = req.params
-        found: list[tuple[int, int, FinishReason]] = []  # (index, rank of the check, reason)
-        if not req.stop_ids.isdisjoint(got):
-            k = next(k for k, tok in enumerate(got) if tok in req.stop_ids)
-            found.append((k, 0, FinishReason.stop(got[k])))
-        if req.grammar is not None:
-            for k, tok in enumerate(got[: found[0][0] + 1] if found else got):
-                req.grammar.accept(tok)
-                if req.grammar.is_finished():
-                    found.append((k, 1, FinishReason.stop(None)))
-                    break
-        at_max_new = max(0, req.prompt_len + p.max_new_tokens - base - 1)
-        if at_max_new < len(got):
-            found.append((at_max_new, 2, FinishReason.at_length(p.max_new_tokens)))
-        at_context = max(0, self.max_model_len - base - 1)
-        if at_context < len(got):
-            found.append((at_context, 3, FinishReason.at_length(base + at_context + 1 - req.prompt_len)))
-        if not found:
-            return None, None
-        k, _, reason = min(found, key=lambda f: (f[0], f[1]))
-        return k, reason
 
     def _trim(self, req: Request, last: int) -> None:
         """The request ends with its token at index `last`: later ones (the rest of a multi-step

@@ -65,7 +65,9 @@ class OutputProcessor:
     def _text_fn(self, req: Request) -> Callable[[int], str] | None:
         return (lambda t: self.tokenizer.decode([t])) if req.return_text_in_logprobs else None
 
-    def _record_input_logprobs(self, req: Request, first_pos: int, raw: HostLogprobs, with_first: bool) -> None:
+    def _record_input_logprobs(
+        self, req: Request, first_pos: int, raw: HostLogprobs, with_first: bool
+    ) -> None:
         """Logprobs of the prompt tokens after positions `first_pos ...`; `with_first`: the prompt's
         first token too (it has no logprob)."""
         lp = req.logprobs
@@ -109,7 +111,9 @@ class OutputProcessor:
                 req.stop_trim = len(text) - (i + len(s) if p.no_stop_trim else i)
                 reason = FinishReason.stop(s)
         if reason is None:
-            for pattern in p.stop_regex:  # a match must start in text not yet streamed (streamed text is final)
+            for (
+                pattern
+            ) in p.stop_regex:  # a match must start in text not yet streamed (streamed text is final)
                 if (m := re.compile(pattern).search(text, req.released_chars)) is not None:
                     req.stop_trim = len(text) - (m.end() if p.no_stop_trim else m.start())
                     reason = FinishReason.stop(m.group(0))

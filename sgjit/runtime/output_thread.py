@@ -36,7 +36,9 @@ class OutputThread:
         then ends it with that error."""
         self.processor = processor
         self._on_failure = on_failure
-        self._queue: queue.SimpleQueue[list[TokenUpdate] | _Finish | threading.Event | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[TokenUpdate] | _Finish | threading.Event | None] = (
+            queue.SimpleQueue()
+        )
         self.busy_seconds = 0.0  # time spent handing out, for the engine's counters
         self._thread = threading.Thread(target=self._run, name="sgjit-output", daemon=True)
         self._thread.start()

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 import torch
 
 
-def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def to_device(
+    values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """A host list as a tensor on `device`, copied without waiting for work already queued there."""
     t = torch.tensor(values, dtype=dtype)
     return t if device.type == "cpu" else t.to(device, non_blocking=True)

@@ -1,6 +1,7 @@
-"""Unit tests of the step sampler (sgjit/runtime/sampler.py, over the torch reference ops on CPU) and
-of the output processor (sgjit/runtime/output.py). No model: logits are made up, and a fake tokenizer
-maps each id to fixed bytes so decoded text is predictable."""
+"""Unit tests of the step sampler (sgjit/runtime/sampler.py, over the torch reference ops on CPU), of
+the engine's token-id finish checks (token_finish.py) and of the output processor (output.py). No
+model: logits are made up, and a fake tokenizer maps each id to fixed bytes so decoded text is
+predictable."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import pytest
 import torch
 
 from sgjit.kernels.reference import REFERENCE_OPS
-from sgjit.runtime.output import OutputProcessor
+from sgjit.runtime.logprobs import DeviceLogprobs, HostLogprobs
+from sgjit.runtime.output import OutputProcessor, TokenUpdate
 from sgjit.runtime.request import PrefixHandle, Request
 from sgjit.runtime.result import FinishReason, GenerateResult, RequestUpdate
 from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.sampling_params import SamplingParams
+from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 EOS = 0
@@ -53,13 +56,15 @@ def _req(
     **params: object,
 ) -> Request:
     sp = SamplingParams(**params)  # type: ignore[arg-type]
-    return Request(
+    req = Request(
         rid,
         list(prompt),
         sp,
         IncrementalDetokenizer(FakeTokenizer(), sp.skip_special_tokens),  # type: ignore[arg-type]
         sink=sink.append if sink is not None else None,
     )
+    req.stop_ids = sp.finishing_ids((EOS,))  # as the engine sets it on submission
+    return req
 
 
 # =============================== Sampler ===============================
@@ -80,7 +85,7 @@ def test_greedy_picks_argmax() -> None:
     """temperature 0 takes each row's argmax."""
     logits = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
     reqs = [_req(temperature=0.0) for _ in range(4)]
-    assert _sampler().sample(logits, reqs) == logits.argmax(-1).tolist()
+    assert _sampler().sample(logits, reqs).tolist() == logits.argmax(-1).tolist()
 
 
 def test_top_k_one_is_greedy_even_with_temperature() -> None:
@@ -89,7 +94,7 @@ def test_top_k_one_is_greedy_even_with_temperature() -> None:
     logits[0, 5] = 0.5  # barely ahead: plain sampling would often take something else
     req = _req(temperature=1.5, top_k=1)
     assert RowSampling.of([req]).temperature == [0.0]
-    assert {_sampler(seed=s).sample(logits.clone(), [req])[0] for s in range(30)} == {5}
+    assert {_sampler(seed=s).sample(logits.clone(), [req]).tolist()[0] for s in range(30)} == {5}
 
 
 def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
@@ -99,14 +104,14 @@ def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
     logits[2, 2] = 0.1
     reqs = [_req(temperature=0.0), _req(temperature=1.0), _req(temperature=0.0)]
     for s in range(10):
-        out = _sampler(seed=s).sample(logits.clone(), reqs)
+        out = _sampler(seed=s).sample(logits.clone(), reqs).tolist()
         assert out[0] == 7 and out[2] == 2
 
 
 def test_sampling_is_not_greedy_on_a_flat_distribution() -> None:
     """With temperature 1 over equal logits, sampling spreads over the vocabulary."""
     logits = torch.zeros(1, V)
-    draws = {_sampler(seed=s).sample(logits.clone(), [_req(temperature=1.0)])[0] for s in range(40)}
+    draws = {_sampler(seed=s).sample(logits.clone(), [_req(temperature=1.0)])[0].item() for s in range(40)}
     assert len(draws) > 4
 
 
@@ -117,7 +122,7 @@ def _seeded_run(seed: int, neighbours: list[Request], steps: int = 8, vocab: int
     out = []
     for _ in range(steps):
         batch = [*neighbours, req]
-        toks = sampler.sample(torch.zeros(len(batch), vocab), batch)
+        toks = sampler.sample(torch.zeros(len(batch), vocab), batch).tolist()
         out.append(toks[-1])
         req.tokens.append(toks[-1])  # its step counter advances with its output
         for n in neighbours:
@@ -140,9 +145,9 @@ def test_unseeded_rows_follow_the_sampler_seed() -> None:
     """Unseeded rows are reproducible for one sampler seed and differ for another."""
     logits = torch.zeros(6, 1000)
     reqs = [_req(temperature=1.0) for _ in range(6)]
-    a = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs)
-    b = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs)
-    c = _sampler(seed=4, vocab=1000).sample(logits.clone(), reqs)
+    a = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs).tolist()
+    b = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs).tolist()
+    c = _sampler(seed=4, vocab=1000).sample(logits.clone(), reqs).tolist()
     assert a == b
     assert a != c
 
@@ -153,7 +158,7 @@ def test_top_k_top_p_min_p_limit_the_candidates() -> None:
     cases = [({"top_k": 2}, {1, 2}), ({"top_p": 0.5}, {1, 2}), ({"min_p": 0.6}, {1, 2})]
     for extra, allowed in cases:
         req = _req(temperature=1.0, **extra)
-        seen = {_sampler(seed=s).sample(logits.clone(), [req])[0] for s in range(60)}
+        seen = {_sampler(seed=s).sample(logits.clone(), [req]).tolist()[0] for s in range(60)}
         assert seen <= allowed, extra
         assert seen == allowed, extra  # both candidates are drawn at some point
 
@@ -223,12 +228,12 @@ def test_min_new_tokens_blocks_eos_and_stop_tokens() -> None:
         out = sampler.process_logits(logits.clone(), [req], (EOS,))
         assert out[0, EOS] == -math.inf and out[0, 9] == -math.inf
         assert torch.isfinite(out[0, 1:9]).all()
-        tok = sampler.sample(out, [req])[0]
+        tok = sampler.sample(out, [req]).tolist()[0]
         assert tok == 3
         req.tokens.append(tok)
     out = sampler.process_logits(logits.clone(), [req], (EOS,))
     torch.testing.assert_close(out, logits)
-    assert sampler.sample(out, [req]) == [EOS]
+    assert sampler.sample(out, [req]).tolist() == [EOS]
 
 
 def test_min_new_tokens_with_ignore_eos_blocks_only_stop_tokens() -> None:
@@ -244,21 +249,29 @@ def test_min_new_tokens_with_ignore_eos_blocks_only_stop_tokens() -> None:
 MAX_LEN = 64
 
 
-def _proc(max_model_len: int = MAX_LEN) -> OutputProcessor:
-    return OutputProcessor(FakeTokenizer(), (EOS,), max_model_len, len(VOCAB))  # type: ignore[arg-type]
+def _proc() -> OutputProcessor:
+    return OutputProcessor(FakeTokenizer())  # type: ignore[arg-type]
 
 
-def _feed(proc: OutputProcessor, req: Request, toks: Sequence[int]) -> FinishReason | None:
-    """Accept tokens as the engine does (streaming after each unfinished one); the finish reason of the
-    token that ended the request (then it is finished), or None."""
+def _feed(
+    proc: OutputProcessor, req: Request, toks: Sequence[int], max_model_len: int = MAX_LEN
+) -> FinishReason | None:
+    """Hand tokens over one at a time as the engine does: its id checks (`first_finish`), then the
+    output processor's text (streaming after each token that does not end the request), a stop
+    string found there ending the request; the finish reason of the token that ended it (then it
+    is finished), or None."""
     for i, t in enumerate(toks):
-        reason = proc.accept(req, t)
+        base = len(req.tokens)
+        req.tokens.append(t)
+        _, reason = first_finish(req, base, [t], max_model_len)
+        proc.take(TokenUpdate(req, [t], reason))
+        if req.text_stop is not None:
+            reason = req.text_stop[1]
         if reason is not None:
             assert i == len(toks) - 1, "finished before the last token fed"
             req.finish_reason = reason
             proc.finish(req, None, None)
             return reason
-        proc.stream(req)
     return None
 
 
@@ -460,10 +473,10 @@ def test_stop_beats_length_on_the_last_token() -> None:
 
 def test_context_length_finishes_with_length() -> None:
     """Reaching the model's context length ends the sequence as length, with the output token count."""
-    proc = _proc(max_model_len=5)
+    proc = _proc()
     req = _req(prompt=[1, 2, 3], max_new_tokens=100)
-    assert _feed(proc, req, [9]) is None
-    assert _feed(proc, req, [9]) == FinishReason.at_length(2)
+    assert _feed(proc, req, [9], max_model_len=5) is None
+    assert _feed(proc, req, [9], max_model_len=5) == FinishReason.at_length(2)
     assert len(req.tokens) == 5
 
 
@@ -488,7 +501,9 @@ def test_finish_passes_the_prefix_handle() -> None:
     proc = _proc()
     req = _req(sink=updates, max_new_tokens=1)
     handle = PrefixHandle([1, 2, 3], [5])
-    reason = proc.accept(req, 3)
+    req.tokens.append(3)
+    _, reason = first_finish(req, len(req.tokens) - 1, [3], MAX_LEN)
+    proc.take(TokenUpdate(req, [3], reason))
     assert reason is not None
     req.finish_reason = reason
     proc.finish(req, None, handle)
@@ -497,19 +512,20 @@ def test_finish_passes_the_prefix_handle() -> None:
 
 
 def test_output_logprobs_are_the_log_softmax_of_the_chosen_tokens() -> None:
-    """record_output_logprobs stores log_softmax(logits)[token] for the rows that asked, with top-n
-    alternatives and token text when asked; the result carries them."""
+    """The engine's device logprobs, read back and handed over with the token, become
+    log_softmax(logits)[token] with the top-n alternatives and token text when asked."""
     proc = _proc()
     a = Request(
         "a", [1], SamplingParams(max_new_tokens=1), IncrementalDetokenizer(FakeTokenizer()),  # type: ignore[arg-type]
         return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True,
     )  # fmt: skip
-    b = _req()
-    logits = torch.zeros(2, len(VOCAB))
+    logits = torch.zeros(1, len(VOCAB))
     logits[0, 2] = 3.0
     logits[0, 1] = 1.0
-    proc.record_output_logprobs([a, b], logits, [1, 5])
-    assert a.logprobs is not None and b.logprobs is None
+    values = DeviceLogprobs.of(torch.log_softmax(logits, -1), torch.tensor([1]), a.top_logprobs_num)
+    raw = HostLogprobs.read(values, iter(values.tensors()))
+    proc.take(TokenUpdate(a, [1], output_logprobs=raw))
+    assert a.logprobs is not None
     lp = torch.log_softmax(logits[0], -1)
     ((value, tok, text),) = a.logprobs.output_token_logprobs
     assert tok == 1 and text == "Hello" and value == pytest.approx(lp[1].item())
@@ -557,7 +573,7 @@ def test_logit_bias_moves_the_argmax() -> None:
     req.params = SamplingParams.from_dict({"temperature": 0, "logit_bias": {"7": 10.0, "3": -100}})
     out = sampler.process_logits(logits, [req], (EOS,))
     assert out[0, 7] == 10.0 and out[0, 3] == -95.0
-    assert sampler.sample(out, [req]) == [7]
+    assert sampler.sample(out, [req]).tolist() == [7]
 
 
 def test_sampling_seed_is_seed_and_the_frontends_extras_are_accepted() -> None:
