@@ -162,10 +162,12 @@ class Scheduler:
         if not decoding:
             return None
         for req in decoding:
-            need = self.pool.pages_for(req.num_computed + ahead(req)) - len(req.pages)
-            if need > 0 and not self._ensure_free(need, req):
-                return None
-            self._grow(req, req.num_computed + ahead(req))
+            upto = req.num_computed + ahead(req)
+            need = self.pool.pages_for(upto) - len(req.pages)
+            if need > 0:
+                if not self._ensure_free(need, req):
+                    return None
+                self._grow(req, upto)
         return ScheduledBatch([RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in decoding])
 
     def _chunk(self, req: Request, n: int) -> RowChunk:
