@@ -28,7 +28,7 @@ COLUMNS = [
     "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
     "decode_vs_transformers", "prefill_vs_transformers",
 ]  # fmt: skip
-ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic", "sgjit-fp8")
+ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic", "sgjit-fp8", "sgjit-jit-tp")
 DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
@@ -42,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES)
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the sgjit-jit-tp engine")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     add_output_args(p)
     return p
@@ -50,14 +51,16 @@ def parser() -> argparse.ArgumentParser:
 def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) -> tuple[float, float]:
     """(prefill seconds, decode tok/s per sequence) the hardware allows for this batch: a decode
     step reads the weights as this runtime holds them (bf16, FP8, ...) and the KV; prefill counts
-    the FLOPs at the bf16 GEMM peak."""
-    mc = rt.model_config
+    the FLOPs at the bf16 GEMM peak. With tensor parallelism: one GPU's share (rank 0's weights and
+    KV heads, 1/tp of the FLOPs), at one GPU's ceilings."""
+    mc, share = rt.model_config, rt.model.config
     elem = torch.empty(0, dtype=rt.dtype).element_size()
     weights = weight_bytes_read(rt.model)
     ctx = input_len + output_len / 2
-    kv_bytes = bs * ctx * 2 * mc.num_layers * mc.kv_size * elem
+    kv_bytes = bs * ctx * 2 * mc.num_layers * share.kv_size * elem
     decode_step = (weights + kv_bytes) / (ceilings.bandwidth_gbps * 1e9)
     flops = 2 * mc.num_params() * bs * input_len + 2 * mc.num_layers * mc.q_size * bs * input_len**2
+    flops /= rt.config.tp
     peak = (ceilings.gemm_tflops or 0.0) * 1e12
     prefill = flops / peak if peak else float("nan")
     return prefill, 1.0 / decode_step
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
     if "sgjit-fp8" in args.engines:  # the JIT with the layers' weights in FP8 (quantized at load)
         runtimes["sgjit-fp8"] = Runtime(model, enable_jit=True, quantization="fp8", **opts)
+    if "sgjit-jit-tp" in args.engines:  # the JIT over --tp ranks (its roofline: one GPU's share)
+        runtimes["sgjit-jit-tp"] = Runtime(model, enable_jit=True, tp=args.tp, **opts)
     base = runtimes["sgjit"]
     try:
         ceilings = base.engine.call(lambda: measure(base.device))

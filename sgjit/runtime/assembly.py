@@ -1,11 +1,13 @@
 """`assemble`: a `RuntimeConfig` made into what serves it — device and dtype, the checkpoint, the KV
 pool sized from memory, the op table (the CUDA kernels the selector picks, or the torch/CPU ops),
 the model, grammars, the decode-graph runner, scheduler and sampler. Runs on the engine thread (all
-torch work happens there; see `Engine`)."""
+torch work happens there; see `Engine`). Under tensor parallelism every rank runs `build_model` (its
+share of the model, its KV pool and graphs); only rank 0 goes on to the engine's parts."""
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.kernels.spec import KernelSet, Workload
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.cuda_graph import DecodeGraphs
-from sgjit.runtime.device import kv_budget_tokens, resolve_device, resolve_dtype
+from sgjit.runtime.device import kv_budget_tokens, rank_device, resolve_dtype
 from sgjit.runtime.engine import EngineParts
 from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
@@ -29,12 +31,35 @@ from sgjit.runtime.loader import Checkpoint, load_checkpoint
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model_runner import ModelRunner
+from sgjit.runtime.parallel.comm import ModelComm
+from sgjit.runtime.parallel.group import TPGroup
+from sgjit.runtime.parallel.shard import ShardPlan, query_heads_per_rank, shard_weights
+from sgjit.runtime.parallel.step import StepChannel
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.sampler import Sampler
 from sgjit.runtime.scheduler import Scheduler, SchedulerConfig
 from sgjit.runtime.tokenizer import Tokenizer
+from sgjit.settings import env
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ModelParts:
+    """What every rank builds. `model_config` is the whole model's; `model` holds this rank's share."""
+
+    device: torch.device
+    dtype: torch.dtype
+    model_config: ModelConfig
+    model_path: Path
+    tokenizer: Tokenizer
+    pool: PagedKVPool
+    max_model_len: int
+    ops: OpTable
+    kernel_set: KernelSet | None
+    model: LlamaModel
+    graphs: DecodeGraphs | None
+    eos_token_ids: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -53,15 +78,19 @@ class Assembly:
     parts: EngineParts
 
 
-def _pool(cfg: RuntimeConfig, mc: ModelConfig, device: torch.device, dtype: torch.dtype) -> PagedKVPool:
-    weight_bytes = mc.num_params() * torch.empty(0, dtype=dtype).element_size()
+def _pool(
+    cfg: RuntimeConfig, mc: ModelConfig, params: int, device: torch.device, dtype: torch.dtype, tp: TPGroup
+) -> PagedKVPool:
+    """`mc`: the rank's share of the model (its KV heads), `params` the weights it holds; the ranks
+    take the smallest of their page counts, so one page table serves them all."""
+    weight_bytes = params * torch.empty(0, dtype=dtype).element_size()
     kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else dtype
     per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
     tokens = cfg.max_total_tokens or kv_budget_tokens(
         device, per_token, weight_bytes, cfg.mem_fraction_static,
         activation_reserve=cfg.chunked_prefill_size * mc.vocab_size * 4 + (1 << 30),
     )  # fmt: skip
-    num_pages = tokens // cfg.page_size + 1  # + the scratch page
+    num_pages = tp.agree_min(tokens // cfg.page_size + 1)  # + the scratch page
     if num_pages < 3:
         raise SgjitError(
             f"no memory left for the KV cache ({tokens} tokens); use a smaller model or raise mem_fraction_static"
@@ -134,42 +163,67 @@ def _fp8_weights(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype, c
     )  # fmt: skip
 
 
-def assemble(cfg: RuntimeConfig) -> Assembly:
-    device = resolve_device(cfg.device)
+def build_model(cfg: RuntimeConfig, tp: TPGroup) -> ModelParts:
+    """This rank's device, share of the model, KV pool, op table and decode graphs."""
+    device = rank_device(cfg.device, tp.local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
-    if device.type == "cpu" and cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
+    threads = cfg.num_threads or (max(1, (os.cpu_count() or 1) // tp.local_size) if tp.size > 1 else None)
+    if device.type == "cpu" and threads:  # ranks on one host share its cores
+        torch.set_num_threads(threads)
     ckpt = load_checkpoint(cfg.model, device, dtype, keep_quantized=_keeps_quantized(cfg, device, dtype))
     mc, tokenizer = ckpt.config, ckpt.tokenizer
-    pool = _pool(cfg, mc, device, dtype)
+    plan = ShardPlan.of(mc, tp.size, tp.rank)
+    local = plan.local_config(mc)
+    weights = ckpt.weights if tp.size == 1 else shard_weights(ckpt.weights, mc, plan)
+    if tp.rank == 0 and tp.size > 1 and len(set(query_heads_per_rank(mc, tp.size))) > 1:
+        log.warning(
+            "%d query / %d KV heads do not split evenly over %d ranks: query heads per rank %s (the "
+            "busiest rank sets the pace)",
+            mc.num_heads, mc.num_kv_heads, tp.size, query_heads_per_rank(mc, tp.size),
+        )  # fmt: skip
+    pool = _pool(cfg, local, plan.num_params(mc), device, dtype, tp)
     max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, pool.capacity_tokens)
-    ops, kernel_set = _ops(cfg, mc, device, dtype, pool, max_model_len)
+    ops, kernel_set = _ops(cfg, local, device, dtype, pool, max_model_len)
     model = LlamaModel(
-        mc, ckpt.weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
+        local, weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
         rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
+        comm=ModelComm(tp, plan.vocab.start, mc.vocab_size),
     )  # fmt: skip
     eos = mc.eos_token_ids or tokenizer.eos_token_ids
     graphs = None
-    if device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph):
+    eager_graphs = device.type == "cpu" and env().eager_decode_graphs
+    if (device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph)) or eager_graphs:
         # the static-shape decode path (batch buckets, multi-step); captured unless CUDA graphs are off
         graphs = DecodeGraphs(
             model, pool, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step, eos_token_ids=eos,
-            capture=cfg.use_cuda_graph,
+            capture=cfg.use_cuda_graph and not eager_graphs,
         )  # fmt: skip
+    return ModelParts(
+        device=device, dtype=dtype, model_config=mc, model_path=ckpt.path, tokenizer=tokenizer, pool=pool,
+        max_model_len=max_model_len, ops=ops, kernel_set=kernel_set, model=model, graphs=graphs,
+        eos_token_ids=eos,
+    )  # fmt: skip
+
+
+def assemble(cfg: RuntimeConfig, tp: TPGroup | None = None) -> Assembly:
+    """Rank 0's runtime (the only one without tensor parallelism); `tp` is its group where it has one."""
+    tp = tp or TPGroup()
+    m = build_model(cfg, tp)
     parts = EngineParts(
-        runner=ModelRunner(model, pool, graphs),
+        runner=ModelRunner(m.model, m.pool, m.graphs, StepChannel(tp) if tp.size > 1 else None),
         scheduler=Scheduler(
-            pool,
-            RadixCache(pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache),
+            m.pool,
+            RadixCache(m.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache),
             SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy),
         ),
-        sampler=Sampler(ops, device, mc.vocab_size, cfg.seed),
-        tokenizer=tokenizer,
-        eos_token_ids=eos,
-        max_model_len=max_model_len,
+        sampler=Sampler(m.ops, m.device, m.model_config.vocab_size, cfg.seed),
+        tokenizer=m.tokenizer,
+        eos_token_ids=m.eos_token_ids,
+        max_model_len=m.max_model_len,
     )
     return Assembly(
-        device=device, dtype=dtype, model_config=mc, model_path=ckpt.path, tokenizer=tokenizer, pool=pool,
-        max_model_len=max_model_len, ops=ops, kernel_set=kernel_set, model=model,
-        grammars=GrammarCompiler(tokenizer, mc.vocab_size, eos), parts=parts,
+        device=m.device, dtype=m.dtype, model_config=m.model_config, model_path=m.model_path,
+        tokenizer=m.tokenizer, pool=m.pool, max_model_len=m.max_model_len, ops=m.ops, kernel_set=m.kernel_set,
+        model=m.model, grammars=GrammarCompiler(m.tokenizer, m.model_config.vocab_size, m.eos_token_ids),
+        parts=parts,
     )  # fmt: skip

@@ -45,7 +45,7 @@ def test_serve_help_describes_every_flag(capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--tp", "2"], "tensor parallelism is not supported yet"),
+        (["--tp", "0"], "runtime option tp=0 must be an integer >= 1"),
         (["--mem-fraction-static", "1.5"], "mem_fraction_static"),
         (["--model", "/no/such/model.gguf", "--port", "0"], "no model found"),
     ],

@@ -15,6 +15,7 @@ from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.model.rope import cos_sin_table
+from sgjit.runtime.parallel.comm import ModelComm
 
 
 @dataclass(slots=True)
@@ -41,11 +42,14 @@ class LlamaModel:
         max_positions: int | None = None,
         rope_freq_factors: torch.Tensor | None = None,
         fp8_weights: bool = False,
+        comm: ModelComm | None = None,
     ) -> None:
         """`fp8_weights`: the layers' GEMM weights as FP8 with per-channel scales (quantized here
         when the checkpoint holds them in 16/32 bits); otherwise FP8 checkpoint weights are
-        dequantized. Embeddings and the LM head keep the compute dtype."""
+        dequantized. Embeddings and the LM head keep the compute dtype. Under tensor parallelism
+        `config` and `weights` are one rank's share (parallel/shard.py) and `comm` joins the ranks."""
         self.config = config
+        self.comm = comm or ModelComm()
         self.ops = ops
         self.device = device
         self.dtype = dtype
@@ -91,7 +95,7 @@ class LlamaModel:
         ops, cfg = self.ops, self.config
         n = batch.num_tokens
         eps = cfg.rms_norm_eps
-        hidden = self.embed[batch.input_ids]
+        hidden = self.comm.embed(self.embed, batch.input_ids)
         cos_sin = self.cos_sin[batch.positions]  # once per step, shared by every layer
         residual = hidden
         x = ops.rmsnorm(hidden, self.layers[0].attn_norm, eps)
@@ -108,12 +112,14 @@ class LlamaModel:
                 k = ops.rmsnorm(k, layer.k_norm, eps)
             q = ops.rope_store_kv(q, k, v, cos_sin, kv_layers[i], batch.slot_mapping)
             attn = ops.attention(q, kv_layers[i], batch.attn, self.scale)
-            hidden = ops.linear(attn.reshape(n, cfg.q_size), layer.o_proj, None)
+            hidden = self.comm.reduce(ops.linear(attn.reshape(n, cfg.q_size), layer.o_proj, None))
             x, residual = ops.add_rmsnorm(hidden, residual, layer.ffn_norm, eps)
-            hidden = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up, None)), layer.down, None)
+            hidden = self.comm.reduce(
+                ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up, None)), layer.down, None)
+            )
         x, _ = ops.add_rmsnorm(hidden, residual, self.final_norm, eps)
         x = x[batch.logits_indices]
-        return ops.linear(x, self.lm_head, None).float()
+        return self.comm.logits(ops.linear(x, self.lm_head, None).float())
 
 
 class _WeightTaker:
