@@ -1,7 +1,8 @@
 """`TPGroup`: a tensor-parallel group's ranks and its two process groups: the device group, where the
-model's all-reduces and all-gathers run (NCCL on GPUs, gloo on CPUs; a collective waits at most
-SGJIT_TP_TIMEOUT seconds), and a gloo control group for rank 0's step messages, on which the other
-ranks wait as long as the runtime idles. At tp=1 there is no process group and every collective
+model's all-reduces and all-gathers run (NCCL on GPUs, gloo on CPUs), and a gloo control group for
+rank 0's step messages. Every collective of a step waits at most SGJIT_TP_TIMEOUT seconds for the
+other ranks (sending a step included: gloo's send waits for its receiver); only the other ranks'
+wait for the next step is unbounded, as a runtime may idle for days. At tp=1 there is no process group and every collective
 returns its input, so the single-device path runs exactly the calls it ran before.
 
 Once a collective fails (a rank died or timed out) the group is broken for good: the ranks may be
@@ -35,6 +36,7 @@ class TPGroup:
     size: int = 1
     local_rank: int = 0  # the rank's index on its host (its GPU there)
     local_size: int = 1  # ranks on this host (they share its CPU cores)
+    timeout: timedelta = timedelta(seconds=180)  # of a step's collectives
     device_group: Any = None
     control_group: Any = None
     failure: TensorParallelError | None = None
@@ -63,7 +65,7 @@ class TPGroup:
             timeout=timedelta(seconds=timeout),
         )  # fmt: skip
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-        return cls(rank, size, local_rank, local_size, dist.group.WORLD, control)
+        return cls(rank, size, local_rank, local_size, timedelta(seconds=timeout), dist.group.WORLD, control)
 
     # ----- the model's collectives (device group) -----
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,12 +90,17 @@ class TPGroup:
         return x
 
     # ----- control group (gloo, host tensors) -----
-    def control_broadcast(self, x: torch.Tensor) -> torch.Tensor:
-        self._run(dist.broadcast, x, 0, group=self.control_group)
+    def control_broadcast(self, x: torch.Tensor, idle: bool = False) -> torch.Tensor:
+        """Rank 0's host tensor on every rank; `idle`: a rank's wait for the next step, unbounded."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.timeout = IDLE_TIMEOUT if idle else self.timeout
+        self._run(lambda: self.control_group.broadcast([x], opts).wait())
         return x
 
     def agree_min(self, value: int) -> int:
-        """The smallest of every rank's `value` (sizes the ranks must share, such as the KV pages)."""
+        """The smallest of every rank's `value` (sizes the ranks must share, such as the KV pages); at
+        load, so it waits as long as the slowest rank takes to load."""
         if self.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.int64)

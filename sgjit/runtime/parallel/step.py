@@ -76,7 +76,7 @@ class StepChannel:
 
     # ----- the other ranks -----
     def recv(self) -> Step:
-        header = self.group.control_broadcast(torch.zeros(_HEADER, dtype=torch.int64)).tolist()
+        header = self.group.control_broadcast(torch.zeros(_HEADER, dtype=torch.int64), idle=True).tolist()
         kind, n_ints, int_len, n_floats, float_len = header
         ints = self._sections(n_ints, int_len, torch.int64)
         floats = self._sections(n_floats, float_len, torch.float64)
