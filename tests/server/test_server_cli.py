@@ -139,6 +139,42 @@ def test_serve_process_start_ready_line_and_sigterm_drain():
             proc.kill()
 
 
+def test_serve_tp2_process_answers_like_one_process_and_leaves_nothing_behind(runtime):
+    """`sgjit serve --tp 2` on a CPU: two processes (gloo), the bundled model split over them."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sgjit.cli", "serve", "--device", "cpu", "--tp", "2", "--port", "0",
+         "--max-total-tokens", "1024"],
+        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
+    log: list[str] = []
+    try:
+        rank1 = int(_wait_for(lines, r"ranks 1\.\.1 are pids \[(\d+)\]", log).group(1))
+        ready = _wait_for(lines, r"sgjit ready at (http://\S+)", log)
+        assert "device cpu float32 x tp 2" in ready.string, ready.string
+        prompts = ["The capital of France is", "def fibonacci(n):"]
+        params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+        got = httpx.post(
+            ready.group(1) + "/generate", json={"text": prompts, "sampling_params": params}, timeout=120
+        )
+        assert got.status_code == 200, got.text
+        want = runtime.generate(prompts, params)
+        assert [g["output_ids"] for g in got.json()] == [w["output_ids"] for w in want]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30  # rank 1 leaves its loop on rank 0's STOP
+        while Path(f"/proc/{rank1}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (
+            not Path(f"/proc/{rank1}").exists() or "Z" in Path(f"/proc/{rank1}/stat").read_text().split()[2]
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_drain_timeout_aborts_what_is_still_running(runtime):
     srv = LiveServer(runtime, drain_timeout=0.5)
     body = {"text": "Go on.", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}, "stream": True}
