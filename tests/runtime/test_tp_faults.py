@@ -47,6 +47,8 @@ def test_a_rank_that_dies_fails_every_request_with_its_exit(tiny):
     rt = sgjit.Runtime(tiny, device="cpu", max_total_tokens=512, tp=2)
     try:
         assert rt.generate("hello", GREEDY)["output_ids"]
+        with pytest.raises(TensorParallelError, match="already running in this process"):
+            sgjit.Runtime(tiny, device="cpu", max_total_tokens=512, tp=2)  # refused before starting ranks
         (rank1,) = tp_rank_pids()
         os.kill(rank1, signal.SIGKILL)
         for _ in range(2):  # the first request meets the dead rank, the next the broken group

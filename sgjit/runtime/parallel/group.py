@@ -53,12 +53,7 @@ class TPGroup:
     ) -> TPGroup:  # fmt: skip
         """Join the group (every rank calls this with its own rank; it returns once all have): NCCL
         between GPUs, gloo between CPU processes."""
-        if dist.is_initialized():
-            raise TensorParallelError(
-                "a tensor-parallel runtime is already running in this process (torch.distributed allows "
-                "one group per process); shut it down before starting another"
-            )
-        if device.type == "cuda":
+        if device.type == "cuda" and device.index is not None:  # `cuda` alone: the current device
             torch.cuda.set_device(device)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=size,

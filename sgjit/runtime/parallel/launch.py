@@ -160,6 +160,11 @@ def start_ranks(cfg: RuntimeConfig) -> RankSet | None:
     """Rank 0's group (None at tp=1), the other ranks started where torchrun did not start them."""
     if cfg.tp == 1:
         return None
+    if dist.is_initialized():
+        raise TensorParallelError(
+            "a tensor-parallel runtime is already running in this process (torch.distributed allows one "
+            "group per process); shut it down before starting another"
+        )
     launch = LaunchEnv.read(cfg.tp)
     if launch is not None:
         if launch.rank != 0:
