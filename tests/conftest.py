@@ -121,3 +121,21 @@ def tp_rank_pids(parent: int | None = None) -> list[int]:
         if fields[0] != "Z" and int(fields[1]) == parent and b"sgjit.runtime.parallel" in cmdline:
             pids.append(int(d.name))
     return pids
+
+
+def wait_ended(pid: int, timeout: float = 30.0) -> bool:
+    """Whether process `pid` ends within `timeout` seconds (a zombie counts: it runs nothing and its
+    parent may not have reaped it yet)."""
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)

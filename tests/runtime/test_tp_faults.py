@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 import sgjit
 from sgjit.errors import TensorParallelError
 
-from conftest import tp_rank_pids
+from conftest import tp_rank_pids, wait_ended
 from tiny_gguf import write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,20 +26,6 @@ GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
 @pytest.fixture
 def tiny(tmp_path) -> str:
     return str(write_tiny_gguf(tmp_path / "tiny.gguf"))
-
-
-def gone(pid: int, timeout: float = 30.0) -> bool:
-    """The process ended (a zombie counts: it runs nothing and its parent may not have reaped it)."""
-    deadline = time.monotonic() + timeout
-    stat = Path(f"/proc/{pid}/stat")
-    while time.monotonic() < deadline:
-        try:
-            if stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
-                return True
-        except OSError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_rank_that_dies_fails_every_request_with_its_exit(tiny):
@@ -72,7 +57,7 @@ def test_a_rank_that_hangs_times_out(tiny, monkeypatch):
             rt.generate("hello again", GREEDY)
     finally:
         rt.shutdown()
-    assert gone(rank1)  # killed with the group, stopped or not
+    assert wait_ended(rank1)  # killed with the group, stopped or not
 
 
 def test_rank_0_failing_inside_a_step_stops_the_other_rank(tiny):
@@ -86,7 +71,7 @@ def test_rank_0_failing_inside_a_step_stops_the_other_rank(tiny):
         rt.engine.call(lambda: setattr(rt.model, "forward", broken))  # after the step reached rank 1
         with pytest.raises(TensorParallelError, match="rank 0 failed inside a step: RuntimeError: injected"):
             rt.generate("hello", GREEDY)
-        assert gone(rank1, timeout=10)  # not left waiting in the all-reduce rank 0 never joins
+        assert wait_ended(rank1, timeout=10)  # not left waiting in the all-reduce rank 0 never joins
     finally:
         rt.shutdown()
 
@@ -108,6 +93,6 @@ def test_rank_0_killed_takes_its_ranks_with_it(tiny):
         (rank1,) = tp_rank_pids(proc.pid)
         proc.kill()
         proc.wait()
-        assert gone(rank1)
+        assert wait_ended(rank1)
     finally:
         proc.kill()

@@ -21,7 +21,7 @@ import pytest
 
 from sgjit.cli import main as cli_main
 
-from conftest import assert_no_leaked_pages
+from conftest import assert_no_leaked_pages, wait_ended
 from server_harness import LiveServer, wait_idle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,12 +164,47 @@ def test_serve_tp2_process_answers_like_one_process_and_leaves_nothing_behind(ru
         assert [g["output_ids"] for g in got.json()] == [w["output_ids"] for w in want]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30  # rank 1 leaves its loop on rank 0's STOP
-        while Path(f"/proc/{rank1}").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (
-            not Path(f"/proc/{rank1}").exists() or "Z" in Path(f"/proc/{rank1}/stat").read_text().split()[2]
+        assert wait_ended(rank1)  # rank 1 leaves its loop on rank 0's STOP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[-1].split()[1]) == pid:
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_serve_under_torchrun_serves_from_rank_0(runtime):
+    """torchrun starts both ranks (RANK / WORLD_SIZE / MASTER_* set): rank 0 serves HTTP, rank 1 follows."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "sgjit.cli", "serve",
+         "--device", "cpu", "--tp", "2", "--port", "0", "--max-total-tokens", "1024"],
+        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
+    log: list[str] = []
+    try:
+        ready = _wait_for(lines, r"sgjit ready at (http://\S+)", log)
+        assert "x tp 2" in ready.string and sum("sgjit ready" in line for line in log) == 1
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2
+        params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+        got = httpx.post(
+            ready.group(1) + "/generate", json={"text": "Hello there", "sampling_params": params}
         )
+        assert got.json()["output_ids"] == runtime.generate("Hello there", params)["output_ids"]
+        proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+        proc.wait(timeout=60)
+        assert all(wait_ended(r) for r in ranks)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -46,8 +46,6 @@ class LaunchEnv:
     size: int
     local_rank: int
     local_size: int
-    master_addr: str
-    master_port: int
 
     @classmethod
     def read(cls, tp: int) -> LaunchEnv | None:
@@ -64,15 +62,12 @@ class LaunchEnv:
             )
         return cls(
             rank=int(e["RANK"]), size=size, local_rank=int(e.get("LOCAL_RANK", e["RANK"])),
-            local_size=int(e.get("LOCAL_WORLD_SIZE", size)), master_addr=e["MASTER_ADDR"],
-            master_port=int(e["MASTER_PORT"]),
+            local_size=int(e.get("LOCAL_WORLD_SIZE", size)),
         )  # fmt: skip
 
     def join(self, cfg: RuntimeConfig) -> TPGroup:
-        store = dist.TCPStore(
-            self.master_addr, self.master_port, self.size, is_master=self.rank == 0,
-            timeout=timedelta(seconds=START_TIMEOUT_S),
-        )  # fmt: skip
+        # torch's env:// rendezvous: rank 0 hosts the store, or torchrun's agent already does
+        store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=START_TIMEOUT_S)))
         return TPGroup.join(
             self.rank, self.size, self.local_rank, self.local_size, store,
             rank_device(cfg.device, self.local_rank), env().tp_timeout_s,
