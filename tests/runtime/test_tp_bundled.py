@@ -1,7 +1,8 @@
 """The bundled SmolLM2 over two tensor-parallel ranks (gloo, two CPU processes) against one process:
 the same greedy tokens, log-probs within fp32 all-reduce noise, batching and the prefix cache as
-usual. SmolLM2's 9 query / 3 KV heads split unevenly (whole GQA groups: 6 and 3 query heads).
-The shared `runtime` fixture is the tp=1 reference."""
+usual, and a prompt program compiled by the plan JIT runs as it does interpreted on one process.
+SmolLM2's 9 query / 3 KV heads split unevenly (whole GQA groups: 6 and 3 query heads). The shared
+`runtime` fixture is the tp=1 reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import sgjit
+from sgjit.lang.runtime_backend import RuntimeBackend
 
 from conftest import assert_no_leaked_pages
 
@@ -24,7 +26,7 @@ LOGPROB_TOL = 1e-3  # nats; measured ~2e-5 (row-parallel partial sums added in a
 
 @pytest.fixture(scope="module")
 def tp2():
-    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, tp=2)
+    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, tp=2, plan_jit=True)
     yield rt
     rt.shutdown()
 
@@ -78,3 +80,21 @@ def test_seeded_sampling_and_chat_match_one_process(runtime, tp2):
         tp2.chat(chat, {"temperature": 0, "max_new_tokens": 20})["text"]
         == runtime.chat(chat, {"temperature": 0, "max_new_tokens": 20})["text"]
     )
+
+
+@sgjit.function
+def review(s, text):
+    s += sgjit.system("You label reviews.")
+    s += sgjit.user("Review: " + text + "\nIs it positive or negative?")
+    s += sgjit.assistant(sgjit.select("label", choices=["positive", "negative"]))
+    s += sgjit.user("Why, in a few words?")
+    s += sgjit.assistant(sgjit.gen("why", max_tokens=10, temperature=0))
+
+
+def test_a_compiled_program_runs_as_on_one_process(runtime, tp2):
+    texts = ["Loved every minute of it.", "A waste of money."]
+    got = [review.run(text=t, backend=tp2) for t in texts]
+    want = [review.run(text=t, backend=runtime) for t in texts]  # interpreted: no plan JIT there
+    assert [(g["label"], g["why"]) for g in got] == [(w["label"], w["why"]) for w in want]
+    assert RuntimeBackend.of(tp2).jit_counters()["jit_compiles"] >= 1
+    assert_no_leaked_pages(tp2)
