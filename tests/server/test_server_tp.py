@@ -1,6 +1,6 @@
 """The HTTP server over a tensor-parallel runtime (two CPU processes, a tiny model), through the
-test harness: the native and OpenAI routes answer as they do over one process, and once a rank has
-died every request gets a 503 that says the server must be restarted, not a hang or a 500."""
+test harness: the native and OpenAI routes answer as the runtime does in process, and once a rank
+has died every request gets a 503 that says the server must be restarted, not a hang or a 500."""
 
 from __future__ import annotations
 
@@ -23,19 +23,11 @@ def tiny_path(tmp_path_factory) -> str:
     return str(write_tiny_gguf(tmp_path_factory.mktemp("tp") / "tiny.gguf"))
 
 
-@pytest.fixture(scope="module")
-def want(tiny_path):
-    rt = sgjit.Runtime(tiny_path, device="cpu", max_total_tokens=512)
-    try:
-        yield rt.generate(["hello", "tiny world"], PARAMS)
-    finally:
-        rt.shutdown()
-
-
-def test_routes_answer_then_a_dead_rank_gives_503(tiny_path, want):
+def test_routes_answer_then_a_dead_rank_gives_503(tiny_path):
     rt = sgjit.Runtime(tiny_path, device="cpu", max_total_tokens=512, tp=2)
     srv = LiveServer(rt)
     try:
+        want = rt.generate(["hello", "tiny world"], PARAMS)  # in process (tests/runtime: = one process)
         with srv.client() as c:
             got = c.post("/generate", json={"text": ["hello", "tiny world"], "sampling_params": PARAMS})
             assert [g["output_ids"] for g in got.json()] == [w["output_ids"] for w in want]
