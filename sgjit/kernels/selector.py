@@ -93,10 +93,12 @@ class _Unfit(Exception):
     """A variant's heuristics found no tunable setting for this device."""
 
 
-# Rows up to which sgjit's GEMV beats the tensor-core GEMMs, from the H200 sweep in
-# docs/performance.md (`python -m sgjit.bench.kernels --only gemv`).
+# Rows up to which sgjit's GEMV beats the tensor-core GEMMs on every Llama-3-8B weight, from the
+# Hopper sweep in docs/performance.md (`python -m sgjit.bench.kernels --only gemv`, H100 2026-12-06):
+# bf16 1.02-1.11x cuBLAS at M=1 and behind it from M=2; fp8 1.14-3.8x cuBLASLt's FP8 GEMM up to M=4,
+# behind it on gate_up and down at M=8.
 GEMV_DENSE_ROWS = 1
-GEMV_FP8_ROWS = 8
+GEMV_FP8_ROWS = 4
 
 
 def _gemv_rows(profile: DeviceProfile, workload: Workload) -> tuple[dict[str, Any], str]:
