@@ -20,11 +20,12 @@ from pathlib import Path
 
 from sgjit.kernels.cuda.activation import silu_mul_name
 from sgjit.kernels.cuda.attention import attention_name, merge_name
+from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
-from sgjit.kernels.registry import CUDA, HALF_DTYPES, variant
+from sgjit.kernels.registry import CUDA, HALF_DTYPES, StreamTile, variant
 from sgjit.kernels.sources import family_source
 from sgjit.kernels.spec import ModelShapes
 
@@ -60,6 +61,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         attn.add(merge_name(shapes))
     base = _shapes("bfloat16", "bfloat16", 128, 4, 16)
     attn |= {attention_name(base, t) for t in decode + prefill}
+    stream = _stream_instantiations(dtypes, kvs, dims_groups, full)
     widths = HIDDEN_WIDTHS
     kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]
     return {
@@ -67,11 +69,30 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         "activation": [silu_mul_name(dt) for dt in dtypes],
         "rope": sorted({rope_name(dt, kv, d, d) for dt, kv in kv_pairs for d in (64, 128)}),
         "attention": sorted(attn),
+        "decode": sorted(stream),
         "sampling": list(SAMPLING_NAMES),
         "gemv": [
             gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS
         ],
     }
+
+
+def _stream_instantiations(
+    dtypes: list[str], kvs: tuple[str, ...], dims_groups: list[tuple[int, int]], full: bool
+) -> set[str]:
+    """decode.cu: every dtype x KV dtype x (head_dim, group) at a 2-head, 4-stage tile and its merge;
+    the Llama-3-8B shape (8 kv heads) at every ring depth of 8, 4 and 1 heads, bf16 and fp8; `full`
+    adds groups 12 and 16 and pages below and above the 16-key tile."""
+    pages = (4, 16, 64) if full else (16,)
+    groups = dims_groups + ([(d, g) for d in (64, 128) for g in (12, 16)] if full else [])
+    out = set()
+    for dt, kv, (d, g), page in itertools.product(dtypes, kvs, groups, pages):
+        shapes = ModelShapes(dt, dt if kv == "same" else kv, 0, 0, g * 2, 2, d, d, 0, page)
+        out |= {stream_decode_name(shapes, StreamTile(2, 4)), stream_merge_name(shapes)}
+    for kv in ("bfloat16", "fp8_e4m3"):
+        llama = ModelShapes("bfloat16", kv, 0, 0, 32, 8, 128, 128, 0, 16)
+        out |= {stream_decode_name(llama, StreamTile(h, s)) for h in (8, 4, 1) for s in (2, 3, 4, 6)}
+    return out
 
 
 @dataclass(slots=True)

@@ -89,6 +89,65 @@ DECODE_PREFERENCE = {
     1: ("m1x1n2b32s3", "m1x1n2b32s2", "m1x1n4b64s3", "m1x1n4b64s2", "m1x1n2b64s2", "m1x1n4b128s2"),
 }
 
+
+@dataclass(frozen=True, slots=True)
+class StreamTile:
+    """One configuration of the streaming decode kernel (decode.cu): `heads` kv heads per CTA, one warp
+    each (a key's `heads * head_dim` elements are adjacent in the pool, so the CTA copies them as one
+    piece), and a `stages`-deep ring of 16-key tiles."""
+
+    heads: int
+    stages: int
+
+    # Registers a thread, an upper bound over the instantiations ptxas builds (160-170 on sm_90 for
+    # head_dim 128; `python -m sgjit.kernels.nvcc_check --resources`): bounds the CTAs an SM holds.
+    REGS = 192
+    KEYS = 16  # keys per tile
+
+    @property
+    def name(self) -> str:
+        return f"h{self.heads}s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.heads
+
+    def stage_bytes(self, head_dim: int, kv_bytes: int) -> int:
+        """K and V of one tile: 16 keys x `heads` rows of head_dim elements, each."""
+        return 2 * self.KEYS * self.heads * head_dim * kv_bytes
+
+    def smem_bytes(self, head_dim: int, kv_bytes: int, rows: int) -> int:
+        """The ring, then each row's key count and unit prefix (two ints a row, one more)."""
+        return self.stages * self.stage_bytes(head_dim, kv_bytes) + 4 * (2 * rows + 1)
+
+    def blocks_per_sm(
+        self, profile: DeviceProfile, head_dim: int, kv_bytes: int, rows: int, regs: int = 0
+    ) -> int:
+        """Resident CTAs per SM as shared memory, threads and registers allow (`regs`: the compiled
+        kernel's count when known; registers go to warps in units of 256)."""
+        smem = self.smem_bytes(head_dim, kv_bytes, rows)
+        if smem > profile.smem_per_block_optin:
+            return 0
+        per_warp = -(-32 * (regs or self.REGS) // 256) * 256
+        return max(0, min(
+            profile.smem_per_sm // (smem + 1024), profile.max_threads_per_sm // self.threads,
+            profile.regs_per_sm // (per_warp * self.heads), 32,
+        ))  # fmt: skip
+
+    def inflight_bytes(self, profile: DeviceProfile, head_dim: int, kv_bytes: int, rows: int) -> int:
+        """K/V bytes an SM has in flight while it computes: the tiles each resident CTA prefetches."""
+        per_cta = (self.stages - 1) * self.stage_bytes(head_dim, kv_bytes)
+        return self.blocks_per_sm(profile, head_dim, kv_bytes, rows) * per_cta
+
+
+# The attention op's `stream_decode` knob (decode.cu; the mma.sync decode tiles above remain for the
+# batch-invariant mode and groups over 16): every kv-head count a CTA may hold (the selector takes the
+# largest divisor of the model's kv heads up to 8) with every ring depth it may pick from the
+# device's shared memory.
+STREAM_TILES = tuple(StreamTile(h, s) for h in range(8, 0, -1) for s in (2, 3, 4, 6))
+STREAM_MAX_GROUP = 16  # query heads a kv head may serve: one m16 tile
+STREAM_HEAD_DIMS = frozenset({64, 128})
+
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.
 PREFILL_TILES = (

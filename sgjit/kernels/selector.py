@@ -21,9 +21,13 @@ from sgjit.kernels.registry import (
     CUDA,
     DECODE_PREFERENCE,
     REFERENCE,
+    STREAM_HEAD_DIMS,
+    STREAM_MAX_GROUP,
+    STREAM_TILES,
     TORCH_ONLY_REASON,
     VARIANTS,
     AttnTile,
+    StreamTile,
     variant,
 )
 from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
@@ -87,6 +91,38 @@ def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnT
         f"prefill {pre[0].name} ({pre[0].smem_bytes(d, kvb) // 1024} KB); splits from {profile.sm_count} SMs"
     )
     return dec[0], pre[0], why
+
+
+STREAM_INFLIGHT = 96 * 1024
+
+
+def _stream_tile(
+    profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+) -> tuple[StreamTile | None, str]:
+    """The streaming decode kernel's tile: the most kv heads a CTA can hold (a divisor of the model's,
+    up to 8: whole key rows of the pool per copy), then the shallowest ring that keeps ~96 KB of K/V
+    in flight per SM (HBM3 needs ~latency x bandwidth / SMs = 1 us x 4.8 TB/s / 132 = 36 KB; the
+    margin covers the stalls at segment starts), else the deepest that fits. None where the kernel
+    does not apply: batch-invariant mode (its partition depends on the whole batch), more than 16
+    query heads a kv head, head dims other than 64/128."""
+    if workload.batch_invariant:
+        return None, "batch-invariant: decode keeps the fixed-split mma.sync kernel"
+    if shapes.group > STREAM_MAX_GROUP or shapes.head_dim not in STREAM_HEAD_DIMS:
+        return None, f"group {shapes.group} / head_dim {shapes.head_dim}: decode keeps the mma.sync kernel"
+    d, kvb, rows = shapes.head_dim, shapes.kv_bytes, workload.max_batch
+    heads = [h for h in range(min(8, shapes.num_kv_heads), 0, -1) if shapes.num_kv_heads % h == 0]
+    for h in heads:
+        fits = [t for t in STREAM_TILES if t.heads == h and t.blocks_per_sm(profile, d, kvb, rows) >= 1]
+        if not fits:
+            continue
+        enough = [t for t in fits if t.inflight_bytes(profile, d, kvb, rows) >= STREAM_INFLIGHT]
+        tile = min(enough, key=lambda t: t.stages) if enough else max(fits, key=lambda t: t.stages)
+        kb = tile.inflight_bytes(profile, d, kvb, rows) // 1024
+        return tile, (
+            f"decode streams {tile.name}: {h} kv heads a CTA, {tile.stages}-tile ring, {kb} KB in flight a SM, "
+            f"keys of all rows split flat over {profile.sm_count} SMs"
+        )
+    return None, f"no streaming decode tile fits {profile.smem_per_block_optin // 1024} KB of shared memory"
 
 
 class _Unfit(Exception):
@@ -233,7 +269,9 @@ class KernelSelector:
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
-        tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre}
+        stream, stream_why = _stream_tile(profile, shapes, workload)
+        tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre, "stream_decode": stream}
+        why += f"; {stream_why}"
         if workload.batch_invariant:
             split_len = invariant_split_len(dec, workload.max_context)
             tunables.update(prefill_tile=dec, split_len=split_len)

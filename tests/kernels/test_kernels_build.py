@@ -21,9 +21,14 @@ def _build(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_family_has_instantiations():
     inst = instantiations()
-    assert set(inst) == set(FAMILIES) == {"norm", "activation", "rope", "attention", "sampling", "gemv"}
+    assert (
+        set(inst)
+        == set(FAMILIES)
+        == {"norm", "activation", "rope", "attention", "decode", "sampling", "gemv"}
+    )
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])
+    assert len(instantiations(full=True)["decode"]) > len(inst["decode"])
 
 
 @needs_nvcc

@@ -1,5 +1,6 @@
 """Paged attention (attention.cu): one decode instantiation, one prefill/mixed instantiation and the
-split merge, all specialised on (dtype, KV dtype, head_dim, GQA group, page size, tile).
+split merge, all specialised on (dtype, KV dtype, head_dim, GQA group, page size, tile). Decode steps
+go to the streaming kernel (cuda/decode.py) where the selector gave it a tile.
 
 Decode steps launch a grid that depends only on the batch size and a static context bound (the
 split count), never on this step's lengths, so a captured CUDA graph replays for any lengths.
@@ -16,9 +17,10 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile
+from sgjit.kernels.cuda.decode import StreamDecode
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
-from sgjit.kernels.registry import AttnTile
+from sgjit.kernels.registry import AttnTile, StreamTile
 from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
@@ -64,6 +66,7 @@ class PagedAttention:
         fixed_splits: int | None = None,
         kv_prefetch: int = 0,
         split_len: int = 0,
+        stream_tile: StreamTile | None = None,
     ) -> None:
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
@@ -86,6 +89,9 @@ class PagedAttention:
         for kern, tile in ((self.decode_kernel, decode_tile), (self.prefill_kernel, prefill_tile)):
             allow_smem(kern, tile.smem_bytes(shapes.head_dim, shapes.kv_bytes))
         self._plan: _Plan | None = None
+        # Decode steps stream the pool with decode.cu where the selector gave it a tile; the
+        # mma.sync decode instantiation above serves the rest (batch-invariant splits, groups > 16).
+        self.stream = StreamDecode(profile, shapes, stream_tile) if stream_tile and not split_len else None
 
     def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
         """Decode split count for a batch size and a static context bound (a graph bucket's)."""
@@ -140,6 +146,8 @@ class PagedAttention:
             or meta.page_table.dtype != torch.int32 or not meta.page_table.is_contiguous()
         ):  # fmt: skip
             return reference.attention(q, kv, meta, scale)
+        if self.stream is not None and self.stream.serves(q, meta):
+            return self.stream(q, kv, meta, scale)
         plan = self._plan_for(meta)
         n, hq, d = q.shape
         out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
