@@ -53,7 +53,8 @@ class Assembly:
     parts: EngineParts
 
 
-def _pool(cfg: RuntimeConfig, mc: ModelConfig, device: torch.device, dtype: torch.dtype) -> PagedKVPool:
+def _pool(cfg: RuntimeConfig, ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> PagedKVPool:
+    mc = ckpt.config
     weight_bytes = mc.num_params() * torch.empty(0, dtype=dtype).element_size()
     kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else dtype
     per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
@@ -66,9 +67,17 @@ def _pool(cfg: RuntimeConfig, mc: ModelConfig, device: torch.device, dtype: torc
         raise SgjitError(
             f"no memory left for the KV cache ({tokens} tokens); use a smaller model or raise mem_fraction_static"
         )
+    if ckpt.kv_scales is not None and kv_dtype != torch.float8_e4m3fn:
+        log.info(
+            "the checkpoint's FP8 KV cache scales are unused: the KV cache is %s (kv_cache_dtype)", kv_dtype
+        )
+    elif ckpt.kv_scales is None and kv_dtype == torch.float8_e4m3fn:
+        log.warning(
+            "fp8 KV cache without scales from the checkpoint: K and V are stored unscaled (scale 1.0)"
+        )
     return PagedKVPool(
-        mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, device
-    )
+        mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, device, ckpt.kv_scales
+    )  # fmt: skip
 
 
 def _ops(
@@ -141,7 +150,7 @@ def assemble(cfg: RuntimeConfig) -> Assembly:
         torch.set_num_threads(cfg.num_threads)
     ckpt = load_checkpoint(cfg.model, device, dtype, keep_quantized=_keeps_quantized(cfg, device, dtype))
     mc, tokenizer = ckpt.config, ckpt.tokenizer
-    pool = _pool(cfg, mc, device, dtype)
+    pool = _pool(cfg, ckpt, device, dtype)
     max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, pool.capacity_tokens)
     ops, kernel_set = _ops(cfg, mc, device, dtype, pool, max_model_len)
     model = LlamaModel(
