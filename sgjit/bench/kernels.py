@@ -17,13 +17,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sgjit.bench import kernel_profile
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.report import environment, markdown_table, write_json
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile, arch_hash, device_profile
 from sgjit.kernels.ops import LayerKV, SamplingTensors
 from sgjit.kernels.registry import CUDA, AttnTile, variant
-from sgjit.kernels.selector import AutotuneStore, KernelSelector, decode_splits
+from sgjit.kernels.selector import AutotuneStore, KernelSelector
 from sgjit.kernels.spec import ModelShapes, Workload
 from sgjit.kernels.synthetic import paged_attention_case
 from sgjit.kernels.tune import attention_timer, median_cuda_seconds, median_graph_seconds
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
 HQ, HKV, D, PAGE = 32, 8, 128, 16  # the Llama-3-8B attention shape of the targets
+SCALE = D**-0.5
 
 
 def _shapes(kv: str = "bfloat16") -> ModelShapes:
@@ -52,84 +54,127 @@ def _membound(row: dict, nbytes: int, seconds: float, ceil: Ceilings, target: fl
     return row | {"GB/s": gbps, "% copy BW": pct, "target": f">= {target:.0f}% copy BW", "met": pct >= target}
 
 
+# Decode shapes of the targets: rows x context, Llama-3-8B heads, page 16.
+DECODE_GRID = tuple((b, ctx) for b in (1, 8, 64) for ctx in (512, 4096, 32768))
+KV_DOMINANT_BYTES = 64 << 20  # above this the step is a K/V stream (below, launch and latency rule it)
+SDPA_EXPANDED_MAX_BYTES = 2 << 30  # K/V expanded to every query head, where that fits beside the rest
+
+
+def _graph_seconds(fn: Callable[[], object]) -> float:
+    """Device seconds a call, replayed from a CUDA graph as the engine's decode steps are (an eager
+    call of a few us would time the host); ~20 ms of calls a graph."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(50, int(20e-3 / max(start.elapsed_time(end) / 1e3, 1e-7))))
+    return median_graph_seconds(fn, calls=calls, reps=10)
+
+
+def _attention_op(profile: DeviceProfile, shapes: ModelShapes, ctx: int, stream: bool = True):
+    """The attention op as the selector builds it for a `ctx`-token workload (stream=False: the
+    mma.sync decode kernel it replaced)."""
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    t = KernelSelector().select(profile, shapes, Workload(64, ctx))["attention"].tunables
+    tile = t["stream_decode"] if stream else None
+    return PagedAttention(profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], ctx, stream_tile=tile)
+
+
+def _sdpa_seconds(b: int, ctx: int, q: torch.Tensor) -> dict[str, float]:
+    """torch SDPA of one query a row over contiguous K/V [B, Hkv, ctx, D]: with enable_gqa, and with
+    K/V expanded to every query head where that fits."""
+    q4 = q[:, :, None, :]
+    k = torch.randn(b, HKV, ctx, D, device=DEV, dtype=BF16)
+    v = torch.randn_like(k)
+    out = {
+        "sdpa_gqa": _graph_seconds(
+            lambda: F.scaled_dot_product_attention(q4, k, v, scale=SCALE, enable_gqa=True)
+        )
+    }
+    if 2 * k.numel() * 2 * (HQ // HKV) <= SDPA_EXPANDED_MAX_BYTES:
+        ke, ve = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+        out["sdpa_expanded"] = _graph_seconds(lambda: F.scaled_dot_product_attention(q4, ke, ve, scale=SCALE))
+    return out
+
+
 def bench_decode(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
-    """B=64 rows at context 4096, 32 q / 8 kv heads, d=128, bf16 paged (page 16), every decode tile
-    and split count; torch SDPA on contiguous K/V as the baseline."""
+    """Decode attention over DECODE_GRID (32 q / 8 kv heads, d=128, page 16): the selected op on a
+    bf16 and on an fp8 pool (the streaming kernel), the mma.sync decode kernel it replaced, and torch
+    SDPA on contiguous K/V, each as CUDA-graph replays. Scored in the K/V bytes each pool holds over
+    the copy bandwidth; where those bytes dominate (>= 64 MB) the target is 95% of it and faster than
+    SDPA, and fp8 85% of it in its own bytes and <= 0.6x the bf16 time."""
+    grid = {}
+    for b, ctx in DECODE_GRID:
+        case = paged_attention_case([1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, BF16, DEV)
+        fp8 = paged_attention_case(
+            [1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, torch.float8_e4m3fn, DEV, kv_scale=0.5
+        )
+        ops = {
+            "bf16": (_attention_op(profile, _shapes(), ctx), case),
+            "fp8": (_attention_op(profile, _shapes("fp8_e4m3"), ctx), fp8),
+            "mma.sync bf16": (_attention_op(profile, _shapes(), ctx, stream=False), case),
+        }
+        times = {
+            k: _graph_seconds(lambda op=op, c=c: op(c.q, c.kv, c.meta, SCALE)) for k, (op, c) in ops.items()
+        }
+        sdpa = _sdpa_seconds(b, ctx, case.q)
+        del case, fp8
+        torch.cuda.empty_cache()
+        kv_bytes = 2 * b * ctx * HKV * D * 2
+        shape = f"B={b} ctx={ctx} 32q/8kv d128 p16"
+        torch_s = min(sdpa.values())
+        dominant = kv_bytes >= KV_DOMINANT_BYTES
+        stream = ops["bf16"][0].stream
+        ctas = stream.ctas(b, ctx) if stream is not None else None
+        r = _row(
+            f"decode attention bf16 ({stream.tile.name if stream else 'mma.sync'})",
+            shape,
+            times["bf16"],
+            torch_s,
+        )
+        r = _membound(r, kv_bytes, times["bf16"], ceil, 95 if dominant else 0)
+        r |= {"ctas": ctas, "vs mma.sync": times["mma.sync bf16"] / times["bf16"]}
+        r["met"] = bool((r["met"] or not dominant) and times["bf16"] < torch_s)
+        r["target"] = ">= 95% copy BW and < SDPA" if dominant else "< SDPA"
+        rows.append(r)
+        r8 = _row("decode attention fp8 KV", shape + " fp8 e4m3", times["fp8"], torch_s)
+        r8 = _membound(r8, kv_bytes // 2, times["fp8"], ceil, 85)
+        r8["vs bf16"] = times["fp8"] / times["bf16"]
+        r8["met"] = bool(r8["met"] and r8["vs bf16"] <= 0.6) if dominant else None
+        r8["target"] = ">= 85% copy BW (own bytes) and <= 0.6x bf16" if dominant else "(launch-bound)"
+        rows.append(r8)
+        grid[shape] = {k: t * 1e6 for k, t in {**times, **sdpa}.items()} | {"ctas": ctas}
+    detail["decode_grid_us"] = grid
+    _decode_sweep(profile, detail)
+
+
+def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
+    """The mma.sync decode kernel (kept for the batch-invariant mode and groups over 16) at B=64
+    ctx=4096: every tile and split count, and the L2 prefetch hint on the fastest."""
     from sgjit.kernels.cuda.attention import PagedAttention
 
     b, ctx = 64, 4096
     case = paged_attention_case([1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, BF16, DEV)
-    scale = D**-0.5
-    kv_bytes = 2 * b * ctx * HKV * D * 2
-    shapes = _shapes()
     tiles = variant("attention", CUDA).tunables
+    prefill = tiles["prefill_tile"][0]
     results = {}
     for tile in tiles["decode_tile"]:
         for splits in (1, 2):
-            op = PagedAttention(
-                profile, shapes, BF16, tile, tiles["prefill_tile"][0], ctx, fixed_splits=splits
-            )
+            op = PagedAttention(profile, _shapes(), BF16, tile, prefill, ctx, fixed_splits=splits)
             results[f"{tile.name}/splits{splits}"] = median_cuda_seconds(
-                lambda op=op: op(case.q, case.kv, case.meta, scale)
+                lambda op=op: op(case.q, case.kv, case.meta, SCALE)
             )
     top = min(results, key=results.get)
-    top_tile, top_splits = AttnTile.parse(top.split("/")[0]), int(top.split("splits")[1])
-    for prefetch in (128,):  # the L2 prefetch hint on the K/V copies, on the fastest config
-        op = PagedAttention(
-            profile,
-            shapes,
-            BF16,
-            top_tile,
-            tiles["prefill_tile"][0],
-            ctx,
-            fixed_splits=top_splits,
-            kv_prefetch=prefetch,
-        )
-        results[f"{top}/prefetch{prefetch}"] = median_cuda_seconds(
-            lambda op=op: op(case.q, case.kv, case.meta, scale)
-        )
-    chosen = KernelSelector().select(profile, shapes)["attention"].tunables["decode_tile"]
-    heuristic = decode_splits(profile, chosen, shapes, b, ctx)
-    detail["decode_configs_us"] = {k: v * 1e6 for k, v in results.items()}
-    best_key = min(results, key=results.get)
-    chosen_key = f"{chosen.name}/splits{heuristic}"
-    if chosen_key not in results:
-        op = PagedAttention(profile, shapes, BF16, chosen, tiles["prefill_tile"][0], ctx)
-        results[chosen_key] = median_cuda_seconds(lambda: op(case.q, case.kv, case.meta, scale))
-    q4 = case.q[:, :, None, :]  # [B, Hq, 1, D]
-    k = torch.randn(b, HKV, ctx, D, device=DEV, dtype=BF16)
-    v = torch.randn_like(k)
-    ke, ve = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
-    sdpa = {
-        "sdpa_gqa": lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True),
-        "sdpa_expanded": lambda: F.scaled_dot_product_attention(q4, ke, ve, scale=scale),
-    }
-    torch_times = {name: median_cuda_seconds(fn) for name, fn in sdpa.items()}
-    detail["decode_torch_us"] = {n: t * 1e6 for n, t in torch_times.items()}
-    ref_s = median_cuda_seconds(lambda: reference.attention(case.q, case.kv, case.meta, scale), reps=5)
-    torch_best = min(torch_times["sdpa_gqa"], torch_times["sdpa_expanded"])
-    for label, key in (("selected", chosen_key), ("best config", best_key)):
-        t = results.get(key, results[best_key])
-        r = _row(
-            f"decode attention ({label}: {key})", f"B={b} ctx={ctx} 32q/8kv d128 bf16 p16", t, torch_best
-        )
-        r = _membound(r, kv_bytes, t, ceil, 90)
-        r["met"] = bool(r["met"] and t < torch_best)
-        r["target"] += " and < SDPA"
-        rows.append(r)
-    rows.append(_row("decode attention, reference op (gather + SDPA)", "same", ref_s, None))
-    fp8 = paged_attention_case(
-        [1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, torch.float8_e4m3fn, DEV, kv_scale=0.5
+    tile, splits = AttnTile.parse(top.split("/")[0]), int(top.split("splits")[1])
+    op = PagedAttention(profile, _shapes(), BF16, tile, prefill, ctx, fixed_splits=splits, kv_prefetch=128)
+    results[f"{top}/prefetch128"] = median_cuda_seconds(lambda: op(case.q, case.kv, case.meta, SCALE))
+    detail["mma_sync_decode_sweep_us"] = {k: v * 1e6 for k, v in results.items()}
+    detail["decode_reference_op_us"] = 1e6 * median_cuda_seconds(
+        lambda: reference.attention(case.q, case.kv, case.meta, SCALE), reps=5
     )
-    fp8_times = {}
-    for tile in tiles["decode_tile"]:
-        op8 = PagedAttention(profile, _shapes("fp8_e4m3"), BF16, tile, tiles["prefill_tile"][0], ctx)
-        fp8_times[tile.name] = median_cuda_seconds(lambda op8=op8: op8(fp8.q, fp8.kv, fp8.meta, scale))
-    detail["decode_fp8_us"] = {k: v * 1e6 for k, v in fp8_times.items()}
-    name8 = min(fp8_times, key=fp8_times.get)
-    t8 = fp8_times[name8]
-    r8 = _row(f"decode attention fp8 KV (best: {name8})", "same, fp8 e4m3 pool", t8, torch_best)
-    rows.append(_membound(r8, kv_bytes // 2, t8, ceil, 90))
 
 
 def bench_prefill(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
@@ -355,6 +400,8 @@ COLUMNS = [
     "ours_us",
     "torch_us",
     "speedup",
+    "vs mma.sync",
+    "vs bf16",
     "GB/s",
     "% copy BW",
     "TFLOP/s",
@@ -368,10 +415,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sgjit.bench.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the full result as JSON here")
     ap.add_argument("--only", nargs="+", help="sections: decode prefill elementwise sampling gemv autotune")
+    ap.add_argument(
+        "--profile", metavar="DIR",
+        help="instead (or, with --only, as well): an nsys timeline and an ncu report of the decode and "
+        "prefill attention kernels under DIR, and a summary (sgjit/bench/kernel_profile.py)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     if not torch.cuda.is_available():
         raise SystemExit("python -m sgjit.bench.kernels needs a CUDA GPU")
+    if args.profile:
+        kernel_profile.profile(args.profile)
+        if not args.only:
+            return
     result = run(args.out, args.only)
     c = result["ceilings"]
     print(

@@ -5,6 +5,8 @@ itself lands from that oracle: the kernels must land no further than twice that,
 ragged batch) and over 64 greedy decode steps. The steps run on the kernels' own tokens, the two
 others teacher-forced on them; the kernels' token must be the oracle's argmax except at near-ties
 that the logit noise explains, and no more often than the torch bf16 reference misses it.
+An fp8 KV cache (per-layer scales, as an FP8-KV checkpoint carries them) is measured against the bf16
+one on the same weights and kernels: greedy agreement over the same 64 steps, printed.
 Skipped without a GPU."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sgjit.kernels.spec import Workload
 from sgjit.kernels.table import cuda_op_table
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.loader.kv_scales import KVScales
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model.presets import random_weights, shape_config
 
@@ -37,11 +40,15 @@ LOGIT_TOL = 3e-2  # ‖Δ‖/‖ref‖ of float32 logits from a bf16 model
 class Side:
     """One model + ops table with its own pool and page lists; runs a ragged step, returns logits."""
 
-    def __init__(self, model: LlamaModel, ops, cfg, max_tokens: int) -> None:
+    def __init__(
+        self, model: LlamaModel, ops, cfg, max_tokens: int, kv_dtype=None, scales: KVScales | None = None
+    ) -> None:
         self.model, self.ops = model, ops
         per_row = -(-max_tokens // PAGE)
         pages = len(PROMPT_LENS) * per_row + 1
-        self.pool = PagedKVPool(cfg.num_layers, pages, PAGE, cfg.num_kv_heads, cfg.head_dim, model.dtype, DEV)
+        self.pool = PagedKVPool(
+            cfg.num_layers, pages, PAGE, cfg.num_kv_heads, cfg.head_dim, kv_dtype or model.dtype, DEV, scales
+        )
         self.pages = [list(range(1 + r * per_row, 1 + (r + 1) * per_row)) for r in range(len(PROMPT_LENS))]
 
     def step(self, seqs: list[list[int]], starts: list[int], all_positions: bool = False) -> torch.Tensor:
@@ -141,6 +148,58 @@ def test_model_kernels_match_reference(shape):
     )
     assert mean_j < 2 * mean_r + 1e-3
     assert miss_j <= miss_r + max(2, total // 32)
+
+
+def test_fp8_kv_greedy_agreement_with_bf16_kv():
+    """Llama-3-8B shape, random weights, bf16 everywhere but the KV cache: fp8 e4m3 with per-layer
+    scales calibrated on the prompts (|K|, |V| max / 448, what an exporter stores) against bf16. The
+    steps are teacher-forced on the bf16 side's greedy tokens; the fp8 side's token must agree but at
+    near-ties (margin under 6x that step's fp8-vs-bf16 logit noise), and on most steps."""
+    cfg = shape_config("llama3-8b")
+    weights = random_weights(cfg, seed=1, device=DEV, dtype=torch.bfloat16)
+    model = LlamaModel(cfg, weights, REFERENCE_OPS, DEV, torch.bfloat16, max_positions=4096)
+    max_tokens = max(PROMPT_LENS) + STEPS + 1
+    workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
+    ops16, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)
+    ops8, ks8 = cuda_op_table(DEV, cfg, torch.bfloat16, torch.float8_e4m3fn, PAGE, workload)
+    assert ks8["attention"].tunables["stream_decode"] is not None  # decode on the streaming kernel
+    bf16 = Side(model, ops16, cfg, max_tokens)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    starts = [0] * len(seqs)
+    l16 = bf16.step(seqs, starts)
+    amax = [(lk.k.float().abs().max().item(), lk.v.float().abs().max().item()) for lk in bf16.pool.layers]
+    scales = KVScales(tuple(k / 448 for k, _ in amax), tuple(v / 448 for _, v in amax))
+    fp8 = Side(model, ops8, cfg, max_tokens, torch.float8_e4m3fn, scales)
+    assert fp8.pool.layers[5].k_scale == scales.k[5] != 1.0
+    l8 = fp8.step(seqs, starts)
+    pre_err = _rel(l8, l16)
+    agree, errs, margins = 0, [], []
+    for _ in range(STEPS):
+        tokens = l16.argmax(-1).tolist()
+        starts = [len(s) for s in seqs]
+        for s, t in zip(seqs, tokens):
+            s.append(t)
+        l16, l8 = bf16.step(seqs, starts), fp8.step(seqs, starts)
+        errs.append(_rel(l8, l16))
+        noise = (l8 - l16).pow(2).mean(-1).sqrt()
+        best, ours = l16.argmax(-1), l8.argmax(-1)
+        for b in range(len(seqs)):
+            if ours[b] == best[b]:
+                agree += 1
+                continue
+            margin = (l16[b, best[b]] - l16[b, ours[b]]).item()
+            margins.append(round(margin, 4))
+            assert margin < 6 * noise[b].item(), (
+                f"fp8 token {ours[b].item()} vs {best[b].item()}: margin {margin}"
+            )
+    total = STEPS * len(seqs)
+    print(
+        f"\nfp8 KV vs bf16 KV (llama3-8b, random weights, per-layer scales {min(scales.k):.3g}..{max(scales.k):.3g}): "
+        f"greedy agreement {agree}/{total} ({100 * agree / total:.1f}%); logits rel err prefill {pre_err:.2e}, "
+        f"decode mean {sum(errs) / STEPS:.2e} max {max(errs):.2e}; disagreements' margins {margins}"
+    )
+    assert agree >= total // 2
 
 
 def test_runtime_enable_jit_serves_on_kernels():
