@@ -158,3 +158,35 @@ def test_autotune_times_once_and_stores_winners(tmp_path):
     )
     assert len(calls) > n and other["attention"].variant == "cuda"
     assert len(json.loads((tmp_path / "tune.json").read_text())) == 4
+
+
+@pytest.mark.parametrize(
+    "device,model,kv,tile",
+    [
+        ("H200", "llama3-8b", torch.bfloat16, "h8s3"),  # whole 2 KB key rows, 128 KB in flight a SM
+        ("H200", "llama3-8b", torch.float8_e4m3fn, "h8s4"),
+        ("H100-SXM5-80GB", "llama3-8b", torch.bfloat16, "h8s3"),
+        ("A100-SXM4-80GB", "llama3-8b", torch.bfloat16, "h8s2"),  # 164 KB: the deepest ring that fits
+        ("L4", "llama3-8b", torch.bfloat16, "h4s3"),  # 100 KB: half the heads a CTA
+        ("H200", "smollm2-135m", torch.bfloat16, "h3s4"),  # 3 kv heads: all of them a CTA
+    ],
+)
+def test_streaming_decode_tile_by_device(device, model, kv, tile):
+    """The decode kernel holds the most kv heads a CTA that fit (a divisor of the model's, up to 8)
+    with the shallowest ring keeping ~96 KB of K/V in flight a SM, else the deepest that fits."""
+    t = KernelSelector().select(PROFILES[device], shapes(model, kv=kv))["attention"].tunables["stream_decode"]
+    assert t.name == tile
+    p = PROFILES[device]
+    assert t.smem_bytes(128, kv.itemsize, 256) <= p.smem_per_block_optin
+    assert shape_config(model).num_kv_heads % t.heads == 0
+
+
+def test_streaming_decode_not_where_it_does_not_apply():
+    """Batch-invariant mode keeps the fixed-split kernel (the flat split depends on the whole batch),
+    and so do groups over 16 query heads a kv head (one m16 tile)."""
+    h200 = PROFILES["H200"]
+    det = KernelSelector().select(h200, shapes(), Workload(batch_invariant=True))["attention"]
+    assert det.variant == "cuda" and det.tunables["stream_decode"] is None
+    wide = ModelShapes("bfloat16", "bfloat16", 8192, 28672, 64, 2, 128, 128, 128256, 16)  # group 32
+    t = KernelSelector().select(h200, wide)["attention"]
+    assert t.variant == "cuda" and t.tunables["stream_decode"] is None and "group 32" in t.reason
