@@ -18,7 +18,7 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
-from sgjit.kernels.registry import STREAM_TILES, StreamTile
+from sgjit.kernels.registry import StreamTile
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import ModelShapes, Workload
 from sgjit.kernels.synthetic import AttentionCase, paged_attention_case
@@ -129,12 +129,11 @@ def test_benchmark_grid_shapes(kv_dtype, batch, ctx, profile):
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 def test_every_ring_and_head_count(kv_dtype, profile):
-    """Each tile the selector may pick on some device: 8 kv heads a CTA at every ring depth, fewer
-    heads (more head groups a row) at the shallowest and deepest ring."""
+    """Tiles the selector picks on other devices: 8 kv heads a CTA at every ring depth (bf16) or the
+    deeper ones (fp8), and fewer heads a CTA (more head groups a row)."""
     cfg = (BF16, kv_dtype, 32, 8, 128, 16)
-    tiles = [t for t in STREAM_TILES if t.heads == 8] + [
-        t for t in STREAM_TILES if t.heads in (4, 2, 1) and t.stages == (2 if kv_dtype == BF16 else 6)
-    ]
+    depths, fewer = ((2, 3, 4, 6), ((4, 3), (1, 2))) if kv_dtype == BF16 else ((4, 6), ((2, 6),))
+    tiles = [StreamTile(8, s) for s in depths] + [StreamTile(h, s) for h, s in fewer]
     case = _case(cfg, [1, 70, 4097, 300, 2, 1999, 64, 65, 8000])
     for tile in tiles:
         if tile.blocks_per_sm(profile, 128, cfg[1].itemsize, 9) == 0:
