@@ -36,7 +36,7 @@ DEV = torch.device("cuda")
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DECODE_ROWS, DECODE_CTX, PREFILL_TOKENS = 64, 4096, 4096
 NSYS_REPEATS = 5
-NCU_TIMEOUT_S, NSYS_TIMEOUT_S = 75, 40  # a GPU session's command has minutes, not hours
+NCU_TIMEOUT_S, NSYS_TIMEOUT_S = 60, 30  # a GPU session's command has minutes, not hours
 NCU_KERNELS = "regex:stream_decode|attention"  # the decode and prefill kernels, not the merges
 
 # What the summary reads from ncu's raw page (Hopper / Ampere metric names); a metric a tool version

@@ -119,6 +119,36 @@ def test_matches_reference(cfg, profile):
 
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
+def test_graph_replay_any_lengths(kv_dtype, profile):
+    """Captured once for 16 rows and a context bound of 4096, replayed for other lengths written into
+    the same tensors: the partition moves on the device (as the JIT's decode graphs need)."""
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    cfg = (BF16, kv_dtype, 32, 8, 128, 16)
+    shapes = _shapes(cfg)
+    t = KernelSelector().select(profile, shapes, Workload(16, 4096))["attention"].tunables
+    op = PagedAttention(
+        profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], 4096, stream_tile=t["stream_decode"]
+    )
+    assert op.stream is not None
+    b = 16
+    case = _case(cfg, [4096] * b)
+    scale = 128**-0.5
+    op(case.q, case.kv, case.meta, scale)  # compile and warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op(case.q, case.kv, case.meta, scale)
+    rng = random.Random(7)
+    for lens in ([1] * b, [4096] * b, [rng.randint(1, 4096) for _ in range(b)], [4096] + [1] * (b - 1)):
+        case.meta.kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        case.meta.kv_lens_host[:] = lens
+        case.meta.max_kv_len = max(lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        _check(out, case, f"replay with lengths {lens[:4]}...")
+
+
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("batch,ctx", [(1, 32768), (8, 32768), (64, 512), (64, 4096)])
 def test_benchmark_grid_shapes(kv_dtype, batch, ctx, profile):
     """The benchmark's shapes, every row at the full length (Llama-3-8B heads)."""
@@ -162,33 +192,3 @@ def test_adversarial_queries_and_keys(kv_dtype, profile):
         case.kv.k[page, 3].view(torch.uint8).fill_(0x7E)  # +448
         case.kv.v[page, 3].view(torch.uint8).fill_(0xFE)  # -448
         _check(_run(op, case), case, "keys and values at e4m3's maximum")
-
-
-@pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
-def test_graph_replay_any_lengths(kv_dtype, profile):
-    """Captured once for 16 rows and a context bound of 4096, replayed for other lengths written into
-    the same tensors: the partition moves on the device (as the JIT's decode graphs need)."""
-    from sgjit.kernels.cuda.attention import PagedAttention
-
-    cfg = (BF16, kv_dtype, 32, 8, 128, 16)
-    shapes = _shapes(cfg)
-    t = KernelSelector().select(profile, shapes, Workload(16, 4096))["attention"].tunables
-    op = PagedAttention(
-        profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], 4096, stream_tile=t["stream_decode"]
-    )
-    assert op.stream is not None
-    b = 16
-    case = _case(cfg, [4096] * b)
-    scale = 128**-0.5
-    op(case.q, case.kv, case.meta, scale)  # compile and warm up outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = op(case.q, case.kv, case.meta, scale)
-    rng = random.Random(7)
-    for lens in ([1] * b, [4096] * b, [rng.randint(1, 4096) for _ in range(b)], [4096] + [1] * (b - 1)):
-        case.meta.kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        case.meta.kv_lens_host[:] = lens
-        case.meta.max_kv_len = max(lens)
-        out.fill_(float("nan"))
-        graph.replay()
-        _check(out, case, f"replay with lengths {lens[:4]}...")
