@@ -321,11 +321,12 @@ __global__ void __launch_bounds__(32 * HG)
   };
 
   const int n_tiles = u_end - u_begin;
+  begin_segment();  // the first piece's Q: its loads overlap the ring's first copies
   for (int k = 0; k < n_tiles; ++k) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
     issue((k + STAGES - 1) % STAGES);
-    if (k == 0 || cc.t == 0) {
+    if (k > 0 && cc.t == 0) {
       begin_segment();
       seg_k0 = k;
     }
