@@ -148,6 +148,7 @@ def test_model_kernels_match_reference(shape):
     )
     assert mean_j < 2 * mean_r + 1e-3
     assert miss_j <= miss_r + max(2, total // 32)
+    assert not any(getattr(ops, op).failed for op in kernel_ops)  # every step ran on the kernels
 
 
 def test_fp8_kv_greedy_agreement_with_bf16_kv():
@@ -161,8 +162,8 @@ def test_fp8_kv_greedy_agreement_with_bf16_kv():
     max_tokens = max(PROMPT_LENS) + STEPS + 1
     workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
     ops16, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)
-    ops8, ks8 = cuda_op_table(DEV, cfg, torch.bfloat16, torch.float8_e4m3fn, PAGE, workload)
-    assert ks8["attention"].tunables["stream_decode"] is not None  # decode on the streaming kernel
+    ops8, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.float8_e4m3fn, PAGE, workload)
+    assert ops8.attention.fn.stream is not None  # decode steps on the streaming kernel (decode.cu)
     bf16 = Side(model, ops16, cfg, max_tokens)
     g = torch.Generator(device="cpu").manual_seed(7)
     seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENS]
@@ -200,6 +201,7 @@ def test_fp8_kv_greedy_agreement_with_bf16_kv():
         f"decode mean {sum(errs) / STEPS:.2e} max {max(errs):.2e}; disagreements' margins {margins}"
     )
     assert agree >= total // 2
+    assert not ops8.attention.failed and not ops16.attention.failed  # no fallback to torch on the way
 
 
 def test_runtime_enable_jit_serves_on_kernels():

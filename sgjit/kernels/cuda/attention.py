@@ -9,12 +9,14 @@ first, once per step's metadata and shared by every layer."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from sgjit.errors import KernelError
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.cuda.decode import StreamDecode
@@ -24,6 +26,8 @@ from sgjit.kernels.registry import AttnTile, StreamTile
 from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
+
+log = logging.getLogger(__name__)
 
 LOG2E = 1.0 / math.log(2.0)
 MERGE_BLOCK = 256
@@ -90,8 +94,14 @@ class PagedAttention:
             allow_smem(kern, tile.smem_bytes(shapes.head_dim, shapes.kv_bytes))
         self._plan: _Plan | None = None
         # Decode steps stream the pool with decode.cu where the selector gave it a tile; the
-        # mma.sync decode instantiation above serves the rest (batch-invariant splits, groups > 16).
-        self.stream = StreamDecode(profile, shapes, stream_tile) if stream_tile and not split_len else None
+        # mma.sync decode instantiation above serves the rest (batch-invariant splits, groups > 16)
+        # and takes over should decode.cu not build.
+        self.stream = None
+        if stream_tile is not None and not split_len:
+            try:
+                self.stream = StreamDecode(profile, shapes, stream_tile)
+            except KernelError as e:
+                log.warning("streaming decode kernel unavailable (%s); decode uses the mma.sync kernel", e)
 
     def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
         """Decode split count for a batch size and a static context bound (a graph bucket's)."""
