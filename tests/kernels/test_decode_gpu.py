@@ -173,9 +173,9 @@ def test_every_ring_and_head_count(kv_dtype, profile):
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 def test_adversarial_queries_and_keys(kv_dtype, profile):
-    """Logits far apart (a near one-hot softmax), nearly equal (uniform), all-zero query heads, and
-    for fp8 queries beyond fp16's range (3e4 x randn: the kernel scales each head into it) and keys at e4m3's
-    largest value."""
+    """Logits far apart (a near one-hot softmax), nearly equal (uniform), all-zero query heads; for
+    fp8, queries beyond fp16's range (3e4 x randn: the kernel scales each head into it) and a key and
+    value at e4m3's largest."""
     cfg = (BF16, kv_dtype, 32, 8, 128, 16)
     op = _op(profile, cfg)
     lens = [3000, 17, 1, 700]
