@@ -164,7 +164,7 @@ __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync 
 }  // namespace sgjit
 
 // Registers a thread of each role gets after the split (setmaxnreg): the producer only computes
-// addresses; 128 * 80 + 256 * 216 fits the 64K register file.
+// addresses; 128 * 80 + 256 * 216 fills the 64K register file.
 constexpr int PRODUCER_REGS = 80;
 constexpr int CONSUMER_REGS = 216;
 
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int kv = 0; kv < 2; ++kv) {
         const T* cache = kv == 0 ? k_cache : v_cache;
         const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
-#pragma unroll
+#pragma unroll 8
         for (int j = 0; j < BN / ROWS_PER_PASS; ++j) {
           const int tok = tok0 + j * ROWS_PER_PASS;
           const int pos = tile0 + tok;

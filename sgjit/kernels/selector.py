@@ -20,10 +20,14 @@ from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import (
     CUDA,
     DECODE_PREFERENCE,
+    HALF_DTYPES,
     REFERENCE,
+    SM90_CC,
+    SM90_HEAD_DIMS,
     TORCH_ONLY_REASON,
     VARIANTS,
     AttnTile,
+    Sm90Tile,
     variant,
 )
 from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
@@ -87,6 +91,28 @@ def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnT
         f"prefill {pre[0].name} ({pre[0].smem_bytes(d, kvb) // 1024} KB); splits from {profile.sm_count} SMs"
     )
     return dec[0], pre[0], why
+
+
+def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm90Tile | None, str]:
+    """The Hopper prefill kernel's tile where it serves: compute capability 9.0 exactly (sm_90a code
+    runs nowhere else), a 16-bit pool of the model's dtype (fp8 pools stay on mma.sync), head_dim 64
+    or 128, pages of at least BN / 32 slots; the first registered tile that fits shared memory."""
+    if profile.compute_capability != SM90_CC:
+        return None, ""
+    why_not = None
+    if shapes.dtype not in HALF_DTYPES or shapes.kv_dtype != shapes.dtype:
+        why_not = f"KV dtype {shapes.kv_dtype}"
+    elif shapes.head_dim not in SM90_HEAD_DIMS:
+        why_not = f"head_dim {shapes.head_dim}"
+    if why_not:
+        return None, f"; no sm_90 prefill ({why_not})"
+    for t in variant("attention", CUDA).tunables["prefill_sm90"]:
+        if t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
+            return (
+                t,
+                f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",
+            )
+    return None, "; no sm_90 prefill tile fits"
 
 
 class _Unfit(Exception):
@@ -232,13 +258,17 @@ class KernelSelector:
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
         tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre}
-        if workload.batch_invariant:
+        if workload.batch_invariant:  # prefill then runs the decode tile: no sm_90 kernel
             split_len = invariant_split_len(dec, workload.max_context)
             tunables.update(prefill_tile=dec, split_len=split_len)
             return tunables, (
                 f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
                 f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
             )
+        sm90, sm90_why = _sm90_prefill_tile(profile, shapes)
+        if sm90 is not None:
+            tunables["prefill_sm90"] = sm90
+        why += sm90_why
         if self.autotune:
             for knob in ("decode_tile", "prefill_tile"):
                 tunables[knob], how = self._autotuned(profile, shapes, workload, knob, tunables[knob])

@@ -58,6 +58,7 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
                 t["prefill_tile"],
                 ks.workload.max_context,
                 split_len=t.get("split_len", 0),
+                prefill_sm90=t.get("prefill_sm90"),
             )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")
