@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sgjit.kernels.nvcc_check import find_nvcc, instantiations
+from sgjit.kernels.nvcc_check import FAMILY_ARCHS, find_nvcc, instantiations
 from sgjit.kernels.sources import FAMILIES
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")
@@ -21,17 +21,22 @@ def _build(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_family_has_instantiations():
     inst = instantiations()
-    assert set(inst) == set(FAMILIES) == {"norm", "activation", "rope", "attention", "sampling", "gemv"}
+    assert set(inst) == set(FAMILIES) == {
+        "norm", "activation", "rope", "attention", "attention_sm90", "sampling", "gemv"
+    }  # fmt: skip
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])
 
 
 @needs_nvcc
 def test_build_check_compiles_everything_for_sm80_and_sm90():
+    """One line per family and target: sm_80 and sm_90 for every family but the Hopper-only one,
+    which builds for sm_90a alone."""
     proc = _build()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for arch in ("sm_80", "sm_90"):
-        assert proc.stdout.count(arch) == len(FAMILIES)  # one line per family
+    targets = [line.split()[1] for line in proc.stdout.splitlines() if line.split()[-1:] == ["ok"]]
+    general = len(FAMILIES) - len(FAMILY_ARCHS)
+    assert (targets.count("sm_80"), targets.count("sm_90"), targets.count("sm_90a")) == (general, general, 1)
 
 
 @needs_nvcc

@@ -158,3 +158,21 @@ def test_autotune_times_once_and_stores_winners(tmp_path):
     )
     assert len(calls) > n and other["attention"].variant == "cuda"
     assert len(json.loads((tmp_path / "tune.json").read_text())) == 4
+
+
+def test_sm90_prefill_only_on_hopper_for_16bit_pools():
+    """Compute capability 9.0 gets the warpgroup-MMA prefill tile (decode keeps the mma.sync tile);
+    other devices, fp8 pools, head_dim 256 and the batch-invariant mode do not."""
+    for device in ("H200", "H100-SXM5-80GB"):
+        ks = KernelSelector().select(PROFILES[device], shapes())
+        t = ks["attention"].tunables
+        assert t["prefill_sm90"].name == "sm90b128s2" and "sm90b128s2" in ks["attention"].reason
+        assert t["prefill_sm90"].fits(PROFILES[device], 128) and t["decode_tile"].name == "m1x1n2b32s2"
+    for device in ("A100-SXM4-80GB", "L4", "RTX-4090"):
+        assert "prefill_sm90" not in KernelSelector().select(PROFILES[device], shapes())["attention"].tunables
+    fp8 = KernelSelector().select(PROFILES["H200"], shapes(kv=torch.float8_e4m3fn))["attention"]
+    assert "prefill_sm90" not in fp8.tunables and "no sm_90 prefill (KV dtype fp8_e4m3)" in fp8.reason
+    inv = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))["attention"]
+    assert "prefill_sm90" not in inv.tunables
+    small = KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["attention"].tunables
+    assert small["prefill_sm90"].bn == 128  # head_dim 64
