@@ -149,13 +149,43 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 __device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
+  u32 done;
   asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
       : "memory");
+  return done != 0;
+}
+// What a thread waits for, named by the watchdog.
+enum WaitSite { WAIT_EMPTY = 0, WAIT_FULL_K = 1, WAIT_FULL_V = 2 };
+__device__ __forceinline__ u64 globaltimer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Waits for the completion of the barrier's phase of this parity. Built with
+// SGJIT_SM90_WATCHDOG=<ms> (debug runs only), a wait longer than that prints who waited on what and
+// traps, so a synchronization bug fails the launch instead of hanging the process.
+__device__ __forceinline__ void mbar_wait(u32 bar, int parity, WaitSite site, int tile) {
+#ifdef SGJIT_SM90_WATCHDOG
+  const u64 t0 = globaltimer_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (globaltimer_ns() - t0 > (u64)(SGJIT_SM90_WATCHDOG) * 1000000ull) {
+      if (threadIdx.x % 32 == 0) {
+        printf("sgjit sm90 watchdog: block (%d,%d,%d) warp %d waited %d ms on %s of tile %d (parity %d)\n",
+               blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x / 32, (int)(SGJIT_SM90_WATCHDOG),
+               site == WAIT_EMPTY ? "empty" : site == WAIT_FULL_K ? "full_k" : "full_v", tile, parity);
+      }
+      __trap();
+    }
+  }
+#else
+  (void)site, (void)tile;
+  while (!mbar_try_wait(bar, parity)) {
+  }
+#endif
   __syncwarp();  // the warp leaves the spin together: the wgmma that follows is .aligned
 }
 // Barrier among the 128 threads of one warpgroup (ids 1.. leave 0 to __syncthreads).
@@ -163,13 +193,22 @@ __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync 
 
 }  // namespace sgjit
 
-// Registers a thread of each role gets after the split (setmaxnreg): the producer only computes
-// addresses; 128 * 80 + 256 * 216 fills the 64K register file.
-constexpr int PRODUCER_REGS = 80;
+// Registers a thread of each role gets after the split (setmaxnreg). setmaxnreg only moves registers
+// within the CTA's own allocation: the CTA starts with LAUNCH_REGS a thread (65536 / 384 rounded down
+// to a multiple of 8 = 168, which ptxas gives every instantiation under these launch bounds;
+// Sm90Prefill checks it), the producer's .dec puts 128 * (168 - PRODUCER_REGS) into the CTA's pool,
+// and each consumer warp's .inc spins until it can take 32 * (CONSUMER_REGS - 168) from it. A split
+// the pool cannot cover leaves a consumer warp in setmaxnreg.inc forever (80 / 216 did: 11264
+// released, 12288 asked). The producer's code uses 56 registers (SASS, D = 128).
+constexpr int SM90_THREADS = 384;
+constexpr int LAUNCH_REGS = 65536 / SM90_THREADS / 8 * 8;
+constexpr int PRODUCER_REGS = 72;
 constexpr int CONSUMER_REGS = 216;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= SM90_THREADS * LAUNCH_REGS,
+              "setmaxnreg split larger than the CTA's registers: consumers would wait forever");
 
 template <typename T, int D, int G, int PAGE, int BN, int STAGES>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(SM90_THREADS, 1)
     attention_sm90_kernel(const T* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,
                           const T* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
@@ -219,9 +258,13 @@ __global__ void __launch_bounds__(384, 1)
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_k(s), 128);  // one arrival per producer thread, when its copies land
+      // One arrival per producer thread, when its copies land: .noinc arrivals do not raise the
+      // expected count, so these 128 are the whole of each phase.
+      mbar_init(full_k(s), 128);
       mbar_init(full_v(s), 128);
-      mbar_init(empty(s), 8);  // one arrival per consumer warp
+      // One arrival per consumer warp for every tile, also from a warpgroup whose rows skip it
+      // (causal, or no rows at all): the producer waits for all 8 before refilling the stage.
+      mbar_init(empty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -240,7 +283,7 @@ __global__ void __launch_bounds__(384, 1)
       const int first_page = tile0 / PAGE;
       const int lane_page =
           lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop ? pages[first_page + lane] : 0;
-      if (t >= STAGES) mbar_wait(empty(s), ((t / STAGES) + 1) & 1);
+      if (t >= STAGES) mbar_wait(empty(s), ((t / STAGES) + 1) & 1, WAIT_EMPTY, t);
 #pragma unroll
       for (int kv = 0; kv < 2; ++kv) {
         const T* cache = kv == 0 ? k_cache : v_cache;
@@ -301,7 +344,7 @@ __global__ void __launch_bounds__(384, 1)
     const int s = t % STAGES, parity = (t / STAGES) & 1;
     const int tile0 = kv_begin + t * BN;
     const u32 sk = sring + 2 * s * TILE_BYTES, sv = sk + TILE_BYTES;
-    mbar_wait(full_k(s), parity);
+    mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
     if (tile0 <= wg_pos_last) {
       fence_proxy_async();
       // ---- S = Q K^T (64 x BN) ----
@@ -371,7 +414,7 @@ __global__ void __launch_bounds__(384, 1)
       }
 
       // ---- O += P V ----
-      mbar_wait(full_v(s), parity);
+      mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
       fence_proxy_async();
       wgmma_fence();
 #pragma unroll

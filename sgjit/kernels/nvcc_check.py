@@ -103,9 +103,12 @@ def find_nvcc() -> str | None:
     return str(path) if path.exists() else None
 
 
-def compile_unit(nvcc: str, family: str, names: list[str], arch: str, resources: bool) -> Result:
+def compile_unit(
+    nvcc: str, family: str, names: list[str], arch: str, resources: bool, defines: tuple[str, ...] = ()
+) -> Result:
     """One nvcc run over a family's source with each name expression instantiated (taking a
-    kernel's address makes nvcc emit it, as NVRTC's name expressions do)."""
+    kernel's address makes nvcc emit it, as NVRTC's name expressions do); `defines` are NAME=VALUE
+    macros, as compile_kernels takes them."""
     refs = "\n".join(f"static void* const sgjit_inst_{i} = (void*)&{n};" for i, n in enumerate(names))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,6 +117,7 @@ def compile_unit(nvcc: str, family: str, names: list[str], arch: str, resources:
         cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-diag-suppress", "177", "-o", str(src.with_suffix(".cubin")), str(src)]  # fmt: skip
         if resources:
             cmd.insert(1, "-Xptxas=-v")
+        cmd[1:1] = [f"-D{d}" for d in defines]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     return Result(
         family, arch, names, proc.returncode == 0, proc.stdout + proc.stderr, time.perf_counter() - t0

@@ -1,21 +1,28 @@
 """The Hopper prefill kernel (attention_sm90.cu), compiled for sm_90a: the arch-specific target that
 has the warpgroup MMAs. CuPy passes NVRTC `-arch=sm_90` for the device; NVRTC keeps the stronger
 `-arch=sm_90a` given with it (checked with NVRTC 13.0: the cubin's target is sm_90a either order).
-`PagedAttention` calls it for prefill and mixed steps; decode stays on attention.cu."""
+`PagedAttention` calls it for prefill and mixed steps; decode stays on attention.cu.
+`SGJIT_SM90_WATCHDOG=<ms>` builds it with the kernel's barrier watchdog (debug runs: a deadlock
+traps instead of hanging the process)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from sgjit.errors import KernelError
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 from sgjit.kernels.registry import Sm90Tile
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
+from sgjit.settings import env
 
 SM90_OPTIONS = ("-arch=sm_90a",)
 MAX_GRID_Y = 65535
+# Registers a thread the kernel must be built with (attention_sm90.cu's LAUNCH_REGS): its setmaxnreg
+# split (PRODUCER_REGS, CONSUMER_REGS) redistributes 384 x 168 and deadlocks if the CTA holds fewer.
+LAUNCH_REGS = 168
 
 
 def attention_sm90_name(shapes: ModelShapes, tile: Sm90Tile) -> str:
@@ -33,7 +40,14 @@ class Sm90Prefill:
             raise ValueError(f"the sm_90 prefill kernel reads {shapes.dtype} pools, not {shapes.kv_dtype}")
         self.shapes, self.tile = shapes, tile
         name = attention_sm90_name(shapes, tile)
-        self.kernel = compile_kernels("attention_sm90", [name], options=SM90_OPTIONS)[name]
+        watchdog_ms = env().sm90_watchdog_ms
+        defines = (f"SGJIT_SM90_WATCHDOG={watchdog_ms}",) if watchdog_ms > 0 else ()
+        self.kernel = compile_kernels("attention_sm90", [name], defines, SM90_OPTIONS)[name]
+        if self.kernel.num_regs != LAUNCH_REGS:
+            raise KernelError(
+                f"{name} was built with {self.kernel.num_regs} registers a thread, not {LAUNCH_REGS}: its "
+                "setmaxnreg split would deadlock; fix PRODUCER_REGS/CONSUMER_REGS in attention_sm90.cu"
+            )
         self.smem = tile.smem_bytes(shapes.head_dim)
         allow_smem(self.kernel, self.smem)
 
