@@ -15,12 +15,16 @@ def _env(name: str, default: str) -> str:
 class EnvSettings:
     cache_dir: Path
     kernels: str  # "auto" | "reference" | "op=variant,op=variant"
+    # Debug builds of the sm_90 prefill kernel: a barrier wait longer than this many ms traps
+    # (attention_sm90.cu's watchdog) instead of hanging; 0 builds the kernel without it.
+    sm90_watchdog_ms: int
 
     @classmethod
     def read(cls) -> EnvSettings:
         return cls(
             cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
             kernels=_env("KERNELS", "auto"),
+            sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),
         )
 
 

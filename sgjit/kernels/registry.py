@@ -160,6 +160,37 @@ PREFILL_TILES = (
 
 
 @dataclass(frozen=True, slots=True)
+class Sm90Tile:
+    """One tiling of the Hopper prefill kernel (attention_sm90.cu): 128 packed query rows over two
+    consumer warpgroups and a producer warpgroup, BN keys per tile, a STAGES-deep K/V ring."""
+
+    bn: int
+    stages: int
+
+    BM = 128
+    THREADS = 384
+
+    @property
+    def name(self) -> str:
+        return f"sm90b{self.bn}s{self.stages}"
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """As attention_sm90.cu lays it out: 1 KB of alignment slack (the swizzle atoms sit on 1 KB
+        boundaries), the Q tile, the K/V ring, three mbarriers a stage."""
+        return 1024 + self.BM * head_dim * 2 + self.stages * 2 * self.bn * head_dim * 2 + 3 * self.stages * 8
+
+    def fits(self, profile: DeviceProfile, head_dim: int) -> bool:
+        return self.smem_bytes(head_dim) <= profile.smem_per_block_optin
+
+
+# Only sm_90a has the warpgroup MMAs; its binaries run on compute capability 9.0 and nothing else.
+SM90_CC = (9, 0)
+SM90_HEAD_DIMS = frozenset({64, 128})
+# Preference order: 128-key tiles (half the softmax rounds a key) with the deepest ring that fits.
+SM90_PREFILL_TILES = (Sm90Tile(128, 2), Sm90Tile(64, 3), Sm90Tile(64, 4), Sm90Tile(128, 3))
+
+
+@dataclass(frozen=True, slots=True)
 class Variant:
     op: str
     name: str
@@ -224,8 +255,13 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
             "attention",
             (8, 0),
             head_dims=frozenset({64, 128}),
-            tunables={"decode_tile": DECODE_TILES, "prefill_tile": PREFILL_TILES},
-            doc="paged FA2 (mma.sync), GQA-packed rows, split-KV decode with merge",
+            tunables={
+                "decode_tile": DECODE_TILES,
+                "prefill_tile": PREFILL_TILES,
+                "prefill_sm90": SM90_PREFILL_TILES,
+            },
+            doc="paged FA2 (mma.sync), GQA-packed rows, split-KV decode with merge; on sm_90 prefill "
+            "by warpgroup MMAs (attention_sm90.cu)",
         ),
         _reference("attention"),
     ),  # fmt: skip

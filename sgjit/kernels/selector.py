@@ -20,13 +20,17 @@ from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import (
     CUDA,
     DECODE_PREFERENCE,
+    HALF_DTYPES,
     REFERENCE,
+    SM90_CC,
+    SM90_HEAD_DIMS,
     STREAM_HEAD_DIMS,
     STREAM_MAX_GROUP,
     STREAM_TILES,
     TORCH_ONLY_REASON,
     VARIANTS,
     AttnTile,
+    Sm90Tile,
     StreamTile,
     variant,
 )
@@ -123,6 +127,28 @@ def _stream_tile(
             f"keys of all rows split flat over {profile.sm_count} SMs"
         )
     return None, f"no streaming decode tile fits {profile.smem_per_block_optin // 1024} KB of shared memory"
+
+
+def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm90Tile | None, str]:
+    """The Hopper prefill kernel's tile where it serves: compute capability 9.0 exactly (sm_90a code
+    runs nowhere else), a 16-bit pool of the model's dtype (fp8 pools stay on mma.sync), head_dim 64
+    or 128, pages of at least BN / 32 slots; the first registered tile that fits shared memory."""
+    if profile.compute_capability != SM90_CC:
+        return None, ""
+    why_not = None
+    if shapes.dtype not in HALF_DTYPES or shapes.kv_dtype != shapes.dtype:
+        why_not = f"KV dtype {shapes.kv_dtype}"
+    elif shapes.head_dim not in SM90_HEAD_DIMS:
+        why_not = f"head_dim {shapes.head_dim}"
+    if why_not:
+        return None, f"; no sm_90 prefill ({why_not})"
+    for t in variant("attention", CUDA).tunables["prefill_sm90"]:
+        if t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
+            return (
+                t,
+                f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",
+            )
+    return None, "; no sm_90 prefill tile fits"
 
 
 class _Unfit(Exception):
@@ -279,6 +305,10 @@ class KernelSelector:
                 f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
                 f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
             )
+        sm90, sm90_why = _sm90_prefill_tile(profile, shapes)
+        if sm90 is not None:
+            tunables["prefill_sm90"] = sm90
+        why += sm90_why
         if self.autotune:
             for knob in ("decode_tile", "prefill_tile"):
                 tunables[knob], how = self._autotuned(profile, shapes, workload, knob, tunables[knob])

@@ -59,6 +59,7 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
                 ks.workload.max_context,
                 split_len=t.get("split_len", 0),
                 stream_tile=t.get("stream_decode"),
+                prefill_sm90=t.get("prefill_sm90"),
             )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")

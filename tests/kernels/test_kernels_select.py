@@ -190,3 +190,21 @@ def test_streaming_decode_not_where_it_does_not_apply():
     wide = ModelShapes("bfloat16", "bfloat16", 8192, 28672, 64, 2, 128, 128, 128256, 16)  # group 32
     t = KernelSelector().select(h200, wide)["attention"]
     assert t.variant == "cuda" and t.tunables["stream_decode"] is None and "group 32" in t.reason
+
+
+def test_sm90_prefill_only_on_hopper_for_16bit_pools():
+    """Compute capability 9.0 gets the warpgroup-MMA prefill tile (decode keeps the mma.sync tile);
+    other devices, fp8 pools, head_dim 256 and the batch-invariant mode do not."""
+    for device in ("H200", "H100-SXM5-80GB"):
+        ks = KernelSelector().select(PROFILES[device], shapes())
+        t = ks["attention"].tunables
+        assert t["prefill_sm90"].name == "sm90b128s2" and "sm90b128s2" in ks["attention"].reason
+        assert t["prefill_sm90"].fits(PROFILES[device], 128) and t["decode_tile"].name == "m1x1n2b32s2"
+    for device in ("A100-SXM4-80GB", "L4", "RTX-4090"):
+        assert "prefill_sm90" not in KernelSelector().select(PROFILES[device], shapes())["attention"].tunables
+    fp8 = KernelSelector().select(PROFILES["H200"], shapes(kv=torch.float8_e4m3fn))["attention"]
+    assert "prefill_sm90" not in fp8.tunables and "no sm_90 prefill (KV dtype fp8_e4m3)" in fp8.reason
+    inv = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))["attention"]
+    assert "prefill_sm90" not in inv.tunables
+    small = KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["attention"].tunables
+    assert small["prefill_sm90"].bn == 128  # head_dim 64
