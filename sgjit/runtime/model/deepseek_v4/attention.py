@@ -6,7 +6,7 @@ p once its window ends at or before p.
 
 `StepPlan` is built once a step on the host: the step's rows grouped for attention (rows decoding
 one token together, padded; a row reading several tokens alone), with the cache slots each group
-reads, and a `PoolPlan` per compress rate for the compressors."""
+reads, and a `PoolPlan` per compressed layer type (CSA, HCA) for the compressors."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ _UNFINISHED = 1 << 40  # the index of a padding entry: never finished
 
 @dataclass(slots=True)
 class AttentionGroup:
-    q_index: torch.Tensor  # int64 [B, T]: flat token of each query (padding repeats the row's first)
+    q_index: torch.Tensor  # int64 [B, T]: flat token of each query (padding repeats the row's last)
     q_valid: torch.Tensor  # bool [B, T]
     q_pos: torch.Tensor  # int64 [B, T]
     kv_slots: torch.Tensor  # int64 [B, S]: flat slots of the keys in the sliding window (padding: 0)
