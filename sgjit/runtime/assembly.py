@@ -27,6 +27,8 @@ from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import Checkpoint, load_checkpoint
 from sgjit.runtime.model.config import ModelConfig
+from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
+from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model_runner import ModelRunner
 from sgjit.runtime.radix_cache import RadixCache
@@ -44,20 +46,25 @@ class Assembly:
     model_config: ModelConfig
     model_path: Path
     tokenizer: Tokenizer
-    pool: PagedKVPool
+    pool: PagedKVPool | DeepseekV4KVPool
     max_model_len: int
     ops: OpTable
     kernel_set: KernelSet | None  # the selector's choices, when the CUDA kernels are on
-    model: LlamaModel
+    model: LlamaModel | DeepseekV4Model
     grammars: GrammarCompiler
     parts: EngineParts
 
 
-def _pool(cfg: RuntimeConfig, ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> PagedKVPool:
+def _pool(
+    cfg: RuntimeConfig, ckpt: Checkpoint, device: torch.device, dtype: torch.dtype
+) -> PagedKVPool | DeepseekV4KVPool:
     mc = ckpt.config
     weight_bytes = mc.num_params() * torch.empty(0, dtype=dtype).element_size()
     kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else dtype
-    per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+    if mc.deepseek_v4 is not None:
+        per_token = DeepseekV4KVPool.bytes_per_token_for(mc.deepseek_v4, mc.head_dim, cfg.page_size, dtype)
+    else:
+        per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
     tokens = cfg.max_total_tokens or kv_budget_tokens(
         device, per_token, weight_bytes, cfg.mem_fraction_static,
         activation_reserve=cfg.chunked_prefill_size * mc.vocab_size * 4 + (1 << 30),
@@ -67,6 +74,8 @@ def _pool(cfg: RuntimeConfig, ckpt: Checkpoint, device: torch.device, dtype: tor
         raise SgjitError(
             f"no memory left for the KV cache ({tokens} tokens); use a smaller model or raise mem_fraction_static"
         )
+    if mc.deepseek_v4 is not None:
+        return DeepseekV4KVPool(mc.deepseek_v4, mc.head_dim, num_pages, cfg.page_size, dtype, device)
     if ckpt.kv_scales is not None and kv_dtype != torch.float8_e4m3fn:
         log.info(
             "the checkpoint's FP8 KV cache scales are unused: the KV cache is %s (kv_cache_dtype)", kv_dtype
@@ -78,6 +87,25 @@ def _pool(cfg: RuntimeConfig, ckpt: Checkpoint, device: torch.device, dtype: tor
     return PagedKVPool(
         mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, device, ckpt.kv_scales
     )  # fmt: skip
+
+
+def _deepseek_v4_checks(cfg: RuntimeConfig, device: torch.device) -> None:
+    """What DeepSeek-V4 runs on today: the torch ops (its attention, compressors and indexer have no
+    CUDA kernels yet), eager steps, dequantized weights, a KV cache in the compute dtype."""
+    for ok, param, what in (
+        (cfg.kv_cache_dtype == "auto", "kv_cache_dtype", "an fp8 KV cache"),
+        (cfg.quantization in ("auto", "none"), "quantization", f"quantization {cfg.quantization!r}"),
+        (not cfg.deterministic, "deterministic", "deterministic inference"),
+    ):
+        if not ok:
+            raise InvalidRequestError(
+                f"DeepSeek-V4 does not support {what} yet; leave {param} at its default", param
+            )
+    if device.type == "cuda" and (cfg.use_cuda_kernels or cfg.use_cuda_graph):
+        log.warning(
+            "DeepSeek-V4 runs on the torch reference ops without CUDA graphs: sgjit's CUDA kernels and decode "
+            "graphs do not cover its attention yet"
+        )
 
 
 def _ops(
@@ -96,7 +124,7 @@ def _ops(
         )
     if device.type == "cpu":
         return cpu_ops(dtype), None
-    if not cfg.use_cuda_kernels:
+    if not cfg.use_cuda_kernels or mc.deepseek_v4 is not None:
         return REFERENCE_OPS, None
     from sgjit.kernels.table import cuda_op_table  # CuPy and NVRTC only when the kernels are on
 
@@ -150,16 +178,21 @@ def assemble(cfg: RuntimeConfig) -> Assembly:
         torch.set_num_threads(cfg.num_threads)
     ckpt = load_checkpoint(cfg.model, device, dtype, keep_quantized=_keeps_quantized(cfg, device, dtype))
     mc, tokenizer = ckpt.config, ckpt.tokenizer
+    if mc.deepseek_v4 is not None:
+        _deepseek_v4_checks(cfg, device)
     pool = _pool(cfg, ckpt, device, dtype)
     max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, pool.capacity_tokens)
     ops, kernel_set = _ops(cfg, mc, device, dtype, pool, max_model_len)
-    model = LlamaModel(
-        mc, ckpt.weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
-        rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
-    )  # fmt: skip
+    if mc.deepseek_v4 is not None:
+        model: LlamaModel | DeepseekV4Model = DeepseekV4Model(mc, ckpt.weights, ops, device, dtype)
+    else:
+        model = LlamaModel(
+            mc, ckpt.weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
+            rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
+        )  # fmt: skip
     eos = mc.eos_token_ids or tokenizer.eos_token_ids
     graphs = None
-    if device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph):
+    if device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph) and isinstance(model, LlamaModel):
         # the static-shape decode path (batch buckets, multi-step); captured unless CUDA graphs are off
         graphs = DecodeGraphs(
             model, pool, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step, eos_token_ids=eos,

@@ -11,6 +11,8 @@ from sgjit.kernels.ops import AttentionMetadata
 from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
+from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.sampler import RowSampling
 from sgjit.runtime.scheduler import RowChunk
@@ -28,7 +30,12 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: PagedKVPool, graphs: DecodeGraphs | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel | DeepseekV4Model,
+        pool: PagedKVPool | DeepseekV4KVPool,
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device

@@ -1,5 +1,6 @@
 """`ModelConfig`: the shape of a Llama-family decoder, read from a Hugging Face `config.json` or from
-GGUF metadata. Everything the model, the KV pool and the kernel selector need about a model is here."""
+GGUF metadata. Everything the model, the KV pool and the kernel selector need about a model is here;
+DeepSeek-V4 keeps what it adds in `deepseek_v4` (model/deepseek_v4/config.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sgjit.errors import UnsupportedModelError
+from sgjit.runtime.model.deepseek_v4.config import DeepseekV4Config
+
+DEEPSEEK_V4 = "deepseek_v4"  # its own decoder (model/deepseek_v4/)
 
 # Architectures that share the one decoder in llama.py. Values: (qkv bias, per-head q/k norm).
 SUPPORTED_ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -21,6 +25,7 @@ _HF_ARCH_NAMES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "DeepseekV4ForCausalLM": DEEPSEEK_V4,
 }
 
 
@@ -54,6 +59,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = ""
+    deepseek_v4: DeepseekV4Config | None = None
 
     @property
     def q_size(self) -> int:
@@ -68,6 +74,10 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     def num_params(self) -> int:
+        if self.deepseek_v4 is not None:
+            return self.deepseek_v4.params(
+                self.hidden_size, self.num_heads, self.head_dim, self.vocab_size, self.tie_word_embeddings
+            )
         h, i = self.hidden_size, self.intermediate_size
         per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
@@ -82,6 +92,8 @@ class ModelConfig:
         arch = next((_HF_ARCH_NAMES[a] for a in archs if a in _HF_ARCH_NAMES), None)
         if arch is None:
             arch = cfg.get("model_type")
+        if arch == DEEPSEEK_V4:
+            return _deepseek_v4_from_hf(cfg, name)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
                 f"model architecture {archs or cfg.get('model_type')!r} is not supported; "
@@ -92,8 +104,6 @@ class ModelConfig:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or hidden // heads)
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -110,9 +120,38 @@ class ModelConfig:
             qkv_bias=qkv_bias,
             qk_norm=qk_norm,
             bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            eos_token_ids=_eos_ids(cfg),
             name=name,
         )
+
+
+def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+
+
+def _deepseek_v4_from_hf(cfg: dict[str, Any], name: str) -> ModelConfig:
+    """The common shape of a DeepSeek-V4 decoder (one shared K=V head; `rope` is its sliding layers'
+    partial RoPE; `intermediate_size` an expert's width) and its own config beside it."""
+    v4 = DeepseekV4Config.from_hf(cfg)
+    return ModelConfig(
+        architecture=DEEPSEEK_V4,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=v4.moe_intermediate_size,
+        num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=int(cfg["num_attention_heads"]),
+        num_kv_heads=1,
+        head_dim=int(cfg["head_dim"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope=RopeConfig(theta=v4.rope_theta, dim=v4.rope_head_dim),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 1048576)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_eos_ids(cfg),
+        name=name,
+        deepseek_v4=v4,
+    )
 
 
 def _rope_from_hf(cfg: dict[str, Any], head_dim: int) -> RopeConfig:
