@@ -18,6 +18,10 @@ class EnvSettings:
     # Debug builds of the sm_90 prefill kernel: a barrier wait longer than this many ms traps
     # (attention_sm90.cu's watchdog) instead of hanging; 0 builds the kernel without it.
     sm90_watchdog_ms: int
+    # Kernels written but not yet seen passing their GPU tests (the sm_90 prefill, the streaming
+    # decode): the selector offers them only when this is on, so a GPU runs the verified kernels
+    # by default while these are being checked (SGJIT_UNVERIFIED_KERNELS=1).
+    unverified_kernels: bool
 
     @classmethod
     def read(cls) -> EnvSettings:
@@ -25,6 +29,7 @@ class EnvSettings:
             cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
             kernels=_env("KERNELS", "auto"),
             sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),
+            unverified_kernels=_env("UNVERIFIED_KERNELS", "0") == "1",
         )
 
 

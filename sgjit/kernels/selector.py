@@ -295,7 +295,11 @@ class KernelSelector:
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
-        stream, stream_why = _stream_tile(profile, shapes, workload)
+        stream, stream_why = (
+            _stream_tile(profile, shapes, workload)
+            if env().unverified_kernels
+            else (None, "streaming decode not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers it)")
+        )
         tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre, "stream_decode": stream}
         why += f"; {stream_why}"
         if workload.batch_invariant:
@@ -305,7 +309,7 @@ class KernelSelector:
                 f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
                 f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
             )
-        sm90, sm90_why = _sm90_prefill_tile(profile, shapes)
+        sm90, sm90_why = _sm90_prefill_tile(profile, shapes) if env().unverified_kernels else (None, "")
         if sm90 is not None:
             tunables["prefill_sm90"] = sm90
         why += sm90_why

@@ -171,7 +171,7 @@ def test_autotune_times_once_and_stores_winners(tmp_path):
         ("H200", "smollm2-135m", torch.bfloat16, "h3s4"),  # 3 kv heads: all of them a CTA
     ],
 )
-def test_streaming_decode_tile_by_device(device, model, kv, tile):
+def test_streaming_decode_tile_by_device(device, model, kv, tile, unverified_kernels):
     """The decode kernel holds the most kv heads a CTA that fit (a divisor of the model's, up to 8)
     with the shallowest ring keeping ~96 KB of K/V in flight a SM, else the deepest that fits."""
     t = KernelSelector().select(PROFILES[device], shapes(model, kv=kv))["attention"].tunables["stream_decode"]
@@ -181,7 +181,7 @@ def test_streaming_decode_tile_by_device(device, model, kv, tile):
     assert shape_config(model).num_kv_heads % t.heads == 0
 
 
-def test_streaming_decode_not_where_it_does_not_apply():
+def test_streaming_decode_not_where_it_does_not_apply(unverified_kernels):
     """Batch-invariant mode keeps the fixed-split kernel (the flat split depends on the whole batch),
     and so do groups over 16 query heads a kv head (one m16 tile)."""
     h200 = PROFILES["H200"]
@@ -192,7 +192,7 @@ def test_streaming_decode_not_where_it_does_not_apply():
     assert t.variant == "cuda" and t.tunables["stream_decode"] is None and "group 32" in t.reason
 
 
-def test_sm90_prefill_only_on_hopper_for_16bit_pools():
+def test_sm90_prefill_only_on_hopper_for_16bit_pools(unverified_kernels):
     """Compute capability 9.0 gets the warpgroup-MMA prefill tile (decode keeps the mma.sync tile);
     other devices, fp8 pools, head_dim 256 and the batch-invariant mode do not."""
     for device in ("H200", "H100-SXM5-80GB"):
@@ -208,3 +208,16 @@ def test_sm90_prefill_only_on_hopper_for_16bit_pools():
     assert "prefill_sm90" not in inv.tunables
     small = KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["attention"].tunables
     assert small["prefill_sm90"].bn == 128  # head_dim 64
+
+
+@pytest.fixture
+def unverified_kernels(monkeypatch):
+    """The selector with the kernels not yet verified on a GPU offered (SGJIT_UNVERIFIED_KERNELS=1)."""
+    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+
+
+def test_unverified_kernels_are_not_offered_by_default(monkeypatch):
+    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS", raising=False)
+    ks = KernelSelector().select(PROFILES["H200"], shapes())["attention"]
+    assert ks.tunables["stream_decode"] is None and "prefill_sm90" not in ks.tunables
+    assert "SGJIT_UNVERIFIED_KERNELS" in ks.reason
