@@ -87,6 +87,7 @@ template <> struct Pair<__nv_bfloat16> {
 // ---- inputs: where the inner loop reads row r of x ---------------------------------------------
 
 template <typename T> struct XGlobal {
+  static constexpr bool kPrologue = false;
   const T* x;
   i64 stride;
   template <int ROWS, int THREADS> __device__ __forceinline__ void prepare(int, float*) {}
@@ -96,6 +97,7 @@ template <typename T> struct XGlobal {
 // rmsnorm(x) * weight as the torch reference computes it (normalise in fp32, round to T, multiply
 // by the weight in T), one block-wide pass into shared memory `xs` [m][k] before the weights stream.
 template <typename T> struct XRmsNorm {
+  static constexpr bool kPrologue = true;
   const T* x;
   i64 stride;
   const T* weight;
@@ -280,106 +282,125 @@ template <typename T, typename KVT> struct EpiRopeStoreKV {
 
 // ---- the body -----------------------------------------------------------------------------------
 
-// Channel groups of WARPS * NPW channels, grid-strided (a block that normalises x in its prologue
-// keeps it for every group it serves).
+// One group of WARPS * NPW output channels: stream their weight rows against the m input rows,
+// reduce, finish through the epilogue. `first`: the block's first group (it prepares the input).
+template <typename T, typename W, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi, typename Tile>
+__device__ __forceinline__ void gemv_group(int g, bool first, X& xin, const W* __restrict__ w,
+                                           const float* __restrict__ scale, const T* __restrict__ bias, int m, int k,
+                                           const Epi& epi, float* red, Tile tile) {
+  constexpr int EPV = Widen<W>::N;  // weight elements per 16-byte load
+  constexpr int CPB = WARPS * NPW;  // channels per group
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int vecs = k / EPV;
+  int wrow[NPW];
+  const uint4* rows[NPW];
+#pragma unroll
+  for (int c = 0; c < NPW; ++c) {
+    wrow[c] = epi.weight_row(g, warp * NPW + c, CPB);
+    // a channel past the end re-reads row 0 and writes nothing
+    rows[c] = reinterpret_cast<const uint4*>(w + (i64)max(wrow[c], 0) * k);
+  }
+
+  uint4 wv[UNROLL][NPW];
+  auto fetch = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int idx = base + u * 32;
+#pragma unroll
+      for (int c = 0; c < NPW; ++c) wv[u][c] = idx < vecs ? load_streaming(rows[c] + idx) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  float acc[ROWS][NPW];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int c = 0; c < NPW; ++c) acc[r][c] = 0.f;
+  auto consume = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int idx = base + u * 32;
+      if (idx >= vecs) break;
+      float wf[NPW][EPV];
+#pragma unroll
+      for (int c = 0; c < NPW; ++c) Widen<W>::run(wv[u][c], wf[c]);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (r >= m) break;
+#pragma unroll
+        for (int j = 0; j < EPV / 8; ++j) {
+          float xf[8];
+          to_floats(xin.load(r, idx * EPV + j * 8), xf);
+#pragma unroll
+          for (int c = 0; c < NPW; ++c)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][c] = fmaf(xf[e], wf[c][j * 8 + e], acc[r][c]);
+        }
+      }
+    }
+  };
+
+  int start = lane;
+  if constexpr (X::kPrologue) {  // the first loads fly while the block prepares its rows
+    fetch(lane);
+    if (first) xin.template prepare<ROWS, WARPS * 32>(m, red);
+    if (lane < vecs) consume(lane);
+    start += 32 * UNROLL;
+  }
+  for (int base = start; base < vecs; base += 32 * UNROLL) {
+    fetch(base);
+    consume(base);
+  }
+
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int c = 0; c < NPW; ++c)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], off);
+
+  // Every lane holds every sum; lane (r * NPW + c) % 32 finishes output (r, c).
+  float s[NPW], b[NPW];
+#pragma unroll
+  for (int c = 0; c < NPW; ++c) {
+    const int row = max(wrow[c], 0);
+    s[c] = scale != nullptr ? scale[row] : 1.f;
+    b[c] = bias != nullptr ? to_float(bias[row]) : 0.f;
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    if (r >= m) break;
+#pragma unroll
+    for (int c = 0; c < NPW; ++c) {
+      if (lane != (r * NPW + c) % 32) continue;
+      const float v = fmaf(acc[r][c], s[c], b[c]);
+      if constexpr (Epi::kTile) {
+        tile[r][warp * NPW + c] = v;
+      } else if (wrow[c] >= 0) {
+        epi.store(r, wrow[c], v);
+      }
+    }
+  }
+  if constexpr (Epi::kTile) {
+    __syncthreads();
+    epi.template store_tile<ROWS, CPB>(g, tile, m);
+    __syncthreads();
+  }
+}
+
+// A block serves one channel group, or, when it prepares its input in a prologue, one group after
+// another (grid-strided) so the prologue is paid once per block rather than once per group.
 template <typename T, typename W, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi>
 __device__ __forceinline__ void gemv_body(X& xin, const W* __restrict__ w, const float* __restrict__ scale,
                                           const T* __restrict__ bias, int m, int k, const Epi& epi) {
-  constexpr int EPV = Widen<W>::N;  // weight elements per 16-byte load
-  constexpr int CPB = WARPS * NPW;  // channels per group
+  constexpr int CPB = WARPS * NPW;
   __shared__ float red[WARPS * ROWS];
   __shared__ float tile[Epi::kTile ? ROWS : 1][Epi::kTile ? CPB : 1];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int vecs = k / EPV;
   const int groups = epi.groups(CPB);
-
-  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-    int wrow[NPW];
-    const uint4* rows[NPW];
-#pragma unroll
-    for (int c = 0; c < NPW; ++c) {
-      wrow[c] = epi.weight_row(g, warp * NPW + c, CPB);
-      // a channel past the end re-reads row 0 and writes nothing
-      rows[c] = reinterpret_cast<const uint4*>(w + (i64)max(wrow[c], 0) * k);
-    }
-
-    uint4 wv[UNROLL][NPW];
-    auto fetch = [&](int base) {
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int idx = base + u * 32;
-#pragma unroll
-        for (int c = 0; c < NPW; ++c) wv[u][c] = idx < vecs ? load_streaming(rows[c] + idx) : make_uint4(0, 0, 0, 0);
-      }
-    };
-    fetch(lane);  // the first loads fly while the prologue runs
-    if (g == (int)blockIdx.x) xin.template prepare<ROWS, WARPS * 32>(m, red);
-
-    float acc[ROWS][NPW];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int c = 0; c < NPW; ++c) acc[r][c] = 0.f;
-
-    for (int base = lane; base < vecs; base += 32 * UNROLL) {
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int idx = base + u * 32;
-        if (idx >= vecs) break;
-        float wf[NPW][EPV];
-#pragma unroll
-        for (int c = 0; c < NPW; ++c) Widen<W>::run(wv[u][c], wf[c]);
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          if (r >= m) break;
-#pragma unroll
-          for (int j = 0; j < EPV / 8; ++j) {
-            float xf[8];
-            to_floats(xin.load(r, idx * EPV + j * 8), xf);
-#pragma unroll
-            for (int c = 0; c < NPW; ++c)
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[r][c] = fmaf(xf[e], wf[c][j * 8 + e], acc[r][c]);
-          }
-        }
-      }
-      if (base + 32 * UNROLL < vecs) fetch(base + 32 * UNROLL);
-    }
-
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int c = 0; c < NPW; ++c)
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], off);
-
-    // Every lane holds every sum; lane (r * NPW + c) % 32 finishes output (r, c).
-    float s[NPW], b[NPW];
-#pragma unroll
-    for (int c = 0; c < NPW; ++c) {
-      const int row = max(wrow[c], 0);
-      s[c] = scale != nullptr ? scale[row] : 1.f;
-      b[c] = bias != nullptr ? to_float(bias[row]) : 0.f;
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (r >= m) break;
-#pragma unroll
-      for (int c = 0; c < NPW; ++c) {
-        if (lane != (r * NPW + c) % 32) continue;
-        const float v = fmaf(acc[r][c], s[c], b[c]);
-        if constexpr (Epi::kTile) {
-          tile[r][warp * NPW + c] = v;
-        } else if (wrow[c] >= 0) {
-          epi.store(r, wrow[c], v);
-        }
-      }
-    }
-    if constexpr (Epi::kTile) {
-      __syncthreads();
-      epi.template store_tile<ROWS, CPB>(g, tile, m);
-      __syncthreads();
-    }
+  if constexpr (X::kPrologue) {
+    for (int g = blockIdx.x; g < groups; g += gridDim.x)
+      gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, xin, w, scale, bias, m, k, epi, red, tile);
+  } else if ((int)blockIdx.x < groups) {
+    gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(blockIdx.x, true, xin, w, scale, bias, m, k, epi, red, tile);
   }
 }
 
