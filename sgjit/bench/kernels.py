@@ -391,6 +391,34 @@ def bench_gemv(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
         torch.cuda.empty_cache()
 
 
+GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
+
+
+def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
+    """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) at 2, 4 and 8 rows,
+    swept on three 8B weights (bf16, graph replays, weights rotated past L2): what `TILES` should be."""
+    from sgjit.kernels.cuda.gemv import TILES, GemvLinear
+
+    swept: dict[str, float] = {}
+    for name, n, k in GEMV_WEIGHTS[1:4]:  # o_proj, gate_up, down
+        copies = max(1, -(-3 * profile.l2_bytes // (2 * n * k)))
+        ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
+        for m in (2, 4, 8):
+            x = torch.randn(m, k, device=DEV, dtype=BF16)
+            times = {}
+            for tile in GEMV_TILE_CANDIDATES:
+                op = GemvLinear(BF16, "bfloat16", m, 0, tiles={**TILES, m: tile})
+                times[tile] = median_graph_seconds(
+                    _rotating(lambda i, op=op, x=x, ws=ws: lambda: op(x, ws[i]), copies)
+                )
+                swept[f"{name} M={m} {tile}"] = times[tile] * 1e6
+            best = min(times, key=times.get)
+            row = _row(f"gemv tile sweep: best {best}, current {TILES[m]}", f"{name} M={m} {n}x{k}", times[best],
+                       times[TILES[m]], current_us=times[TILES[m]] * 1e6)  # fmt: skip
+            rows.append(_membound(row, 2 * n * k, times[best], ceil, 90))
+    detail["gemv_tiles_us"] = swept
+
+
 def _rotating(make: Callable[[int], Callable[[], object]], copies: int) -> Callable[[], object]:
     """A call cycling over `copies` weight sets, so each call a graph captures streams its weights
     from memory rather than from L2."""
@@ -534,6 +562,7 @@ def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
         "elementwise": lambda: bench_elementwise(profile, ceil, rows),
         "sampling": lambda: bench_sampling(profile, ceil, rows),
         "gemv": lambda: bench_gemv(profile, ceil, rows),
+        "gemv_tiles": lambda: bench_gemv_tiles(profile, ceil, rows, detail),
         "fused": lambda: bench_fused(profile, ceil, rows, detail),
         "autotune": lambda: detail.__setitem__("autotune", autotune_report(profile, out)),
     }

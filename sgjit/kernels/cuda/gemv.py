@@ -20,8 +20,11 @@ WARPS = 4  # a block: WARPS warps of NPW output channels each
 THREADS = 32 * WARPS
 ROW_BUCKETS = (1, 2, 4, 8, 16)
 # rows bucket -> (output channels a warp owns, loads in flight per channel and lane); more channels
-# a warp reuse each x vector, fewer keep more of the weight in flight.
-TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
+# a warp reuse each x vector, more loads in flight cut the memory round trips a warp waits through
+# in sequence (K / (32 x UNROLL) of them: the first H100 run had 1-row GEMVs at copy bandwidth and
+# (2, 2) tiles at 2 rows 1.7x slower on a 4096-wide weight, with half the warps making twice the
+# round trips). Neither changes a lane's summation order, so a row's bits do not depend on M.
+TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 4), 4: (2, 4), 8: (4, 2), 16: (4, 2)}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
 
@@ -37,8 +40,8 @@ def bucket(m: int) -> int:
     return next(b for b in ROW_BUCKETS if b >= m)
 
 
-def channels_per_block(rows: int) -> int:
-    return WARPS * TILES[bucket(rows)][0]
+def channels_per_block(rows: int, tiles: dict[int, tuple[int, int]] = TILES) -> int:
+    return WARPS * tiles[bucket(rows)][0]
 
 
 def aligned_rows(t: torch.Tensor) -> bool:
@@ -76,16 +79,21 @@ def flat_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class GemvLinear:
-    def __init__(self, dtype: torch.dtype, dtype_name: str, dense_rows: int, fp8_rows: int) -> None:
+    def __init__(
+        self, dtype: torch.dtype, dtype_name: str, dense_rows: int, fp8_rows: int,
+        tiles: dict[int, tuple[int, int]] = TILES,
+    ) -> None:  # fmt: skip
+        """`tiles`: the tile per rows bucket (another map only to compare tiles in a benchmark)."""
         if not {dense_rows, fp8_rows} <= {0, *ROW_BUCKETS}:
             raise ValueError(f"GEMV row limits must be 0 or one of {ROW_BUCKETS}")
         self.dtype, self.dtype_name = dtype, dtype_name
         self.dense_rows, self.fp8_rows = dense_rows, fp8_rows
+        self.tiles = tiles
         names = {}
         for kind, limit in ((dtype_name, dense_rows), (FP8_KIND, fp8_rows)):
             for b in ROW_BUCKETS:
                 if b <= limit:
-                    names[(kind, b)] = gemv_name(dtype_name, kind, b, *TILES[b])
+                    names[(kind, b)] = gemv_name(dtype_name, kind, b, *tiles[b])
         compiled = compile_kernels("gemv", sorted(set(names.values()))) if names else {}
         self._kernels = {key: compiled[n] for key, n in names.items()}
 
@@ -116,7 +124,7 @@ class GemvLinear:
         kernel = self._kernels[FP8_KIND if fp8 else self.dtype_name, b]
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         launch(
-            kernel, (-(-n // channels_per_block(m)),), THREADS,
+            kernel, (-(-n // channels_per_block(m, self.tiles)),), THREADS,
             (ptr(flat), ptr(data), ptr(scale), ptr(bias), ptr(out), np.int32(m), np.int32(n), np.int32(k),
              np.int64(flat.stride(0)), np.int64(n)),
         )  # fmt: skip
