@@ -51,7 +51,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
     """family -> name expressions. The default set: every dtype x KV dtype x (head_dim, group) of the
     recorded model shapes at the preferred tiles, and every tile once; `full` adds the whole
     product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from), and the fused
-    GEMVs at every row bucket (by default up to the most rows the selector gives them)."""
+    GEMVs at every row bucket (by default: 1 row and the selector's fused rows)."""
     dtypes = sorted(HALF_DTYPES)
     kvs = ("same", "fp8_e4m3")
     dims_groups = list(HEAD_DIM_GROUPS)
@@ -76,7 +76,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         shapes = _shapes(dt, dt, d, g, page)
         sm90 |= {attention_sm90_name(shapes, t) for t in (sm90_tiles if full else sm90_tiles[:1])}
     widths = HIDDEN_WIDTHS
-    fused_buckets = [b for b in ROW_BUCKETS if full or b <= max(FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS)]
+    fused_buckets = ROW_BUCKETS if full else sorted({1, FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS})
     kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]
     return {
         "norm": sorted({norm_name(dt, w, add) for dt in dtypes for w in widths for add in (False, True)}),
