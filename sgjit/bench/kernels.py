@@ -605,7 +605,9 @@ COLUMNS = [
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sgjit.bench.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the full result as JSON here")
-    ap.add_argument("--only", nargs="+", help="sections: decode prefill elementwise sampling gemv fused autotune")
+    ap.add_argument(
+        "--only", nargs="+", help="sections: decode prefill elementwise sampling gemv fused autotune"
+    )
     ap.add_argument(
         "--profile", metavar="DIR",
         help="instead (or, with --only, as well): an nsys timeline and an ncu report of the decode and "
