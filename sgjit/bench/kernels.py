@@ -480,7 +480,11 @@ def bench_fused(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict
     shapes = _shapes()
     ks = KernelSelector().select(profile, shapes, Workload(16, 4096))
     every_row = {op: KernelChoice(CUDA, {"rows": 16}, "bench: every row bucket") for op in FUSED_OPS}
-    ops = build_ops(profile, shapes, KernelSet({**ks.choices, **every_row}, shapes, ks.workload))
+    unused = {
+        op: KernelChoice("reference", {}, "bench: not timed here")
+        for op in ("attention", "sample", "apply_bitmask")
+    }
+    ops = build_ops(profile, shapes, KernelSet({**ks.choices, **every_row, **unused}, shapes, ks.workload))
     unfused = reference.Composition(ops.rmsnorm, ops.linear, ops.rope_store_kv, ops.silu_mul)
     h, n_qkv = 4096, (HQ + 2 * HKV) * D
     sizes = {"qkv": (n_qkv, h), "o_proj": (h, HQ * D), "gate_up": (2 * 14336, h), "down": (h, 14336)}
@@ -606,7 +610,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sgjit.bench.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the full result as JSON here")
     ap.add_argument(
-        "--only", nargs="+", help="sections: decode prefill elementwise sampling gemv fused autotune"
+        "--only",
+        nargs="+",
+        help="sections: decode prefill elementwise sampling gemv gemv_tiles fused autotune",
     )
     ap.add_argument(
         "--profile", metavar="DIR",
