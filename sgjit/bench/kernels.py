@@ -8,6 +8,7 @@ prints a markdown table. Times are CUDA-event medians after warm-up."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import tempfile
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from sgjit.kernels.arch import DeviceProfile, arch_hash, device_profile
 from sgjit.kernels.ops import LayerKV, SamplingTensors
 from sgjit.kernels.registry import CUDA, SM90_CC, AttnTile, variant
 from sgjit.kernels.selector import AutotuneStore, KernelSelector
-from sgjit.kernels.spec import ModelShapes, Workload
+from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
 from sgjit.kernels.synthetic import paged_attention_case
 from sgjit.kernels.tune import attention_timer, median_cuda_seconds, median_graph_seconds
 
@@ -390,6 +391,140 @@ def bench_gemv(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
         torch.cuda.empty_cache()
 
 
+GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
+
+
+def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
+    """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) at 2, 4 and 8 rows,
+    swept on three 8B weights (bf16, graph replays, weights rotated past L2): what `TILES` should be."""
+    from sgjit.kernels.cuda.gemv import TILES, GemvLinear
+
+    swept: dict[str, float] = {}
+    for name, n, k in GEMV_WEIGHTS[1:4]:  # o_proj, gate_up, down
+        copies = max(1, -(-3 * profile.l2_bytes // (2 * n * k)))
+        ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
+        for m in (2, 4, 8):
+            x = torch.randn(m, k, device=DEV, dtype=BF16)
+            times = {}
+            for tile in GEMV_TILE_CANDIDATES:
+                op = GemvLinear(BF16, "bfloat16", m, 0, tiles={**TILES, m: tile})
+                times[tile] = median_graph_seconds(
+                    _rotating(lambda i, op=op, x=x, ws=ws: lambda: op(x, ws[i]), copies)
+                )
+                swept[f"{name} M={m} {tile}"] = times[tile] * 1e6
+            best = min(times, key=times.get)
+            row = _row(f"gemv tile sweep: best {best}, current {TILES[m]}", f"{name} M={m} {n}x{k}", times[best],
+                       times[TILES[m]], current_us=times[TILES[m]] * 1e6)  # fmt: skip
+            rows.append(_membound(row, 2 * n * k, times[best], ceil, 90))
+    detail["gemv_tiles_us"] = swept
+
+
+def _rotating(make: Callable[[int], Callable[[], object]], copies: int) -> Callable[[], object]:
+    """A call cycling over `copies` weight sets, so each call a graph captures streams its weights
+    from memory rather than from L2."""
+    fns = itertools.cycle([make(i) for i in range(copies)])
+    return lambda: next(fns)()
+
+
+def _layer_calls(
+    ops: Any, w: dict[str, list[torch.Tensor]], m: int
+) -> dict[str, Callable[[Any, int], object]]:
+    """On random decode inputs of m rows: each fused op, as `call(table, copy)` (the table: the fused
+    ops or their composition of unfused ops), and the whole layer without attention, fused and as the
+    model's unfused layer (from the second on: add_rmsnorm, GEMM, RoPE + KV write, GEMM, add_rmsnorm,
+    GEMM, SiLU-mul, GEMM)."""
+    h, inter, q_size, eps = 4096, 14336, HQ * D, 1e-5
+    norm_w = (1 + 0.1 * torch.randn(h, device=DEV)).to(BF16)
+    residual, hidden = (torch.randn(m, h, device=DEV, dtype=BF16) for _ in range(2))
+    attn, act = torch.randn(m, q_size, device=DEV, dtype=BF16), torch.randn(m, inter, device=DEV, dtype=BF16)
+    ang = torch.rand(m, D // 2, device=DEV) * 100
+    cos_sin = torch.cat([ang.cos(), ang.sin()], -1)
+    pool = LayerKV(*(torch.zeros(m // PAGE + 2, PAGE, HKV, D, device=DEV, dtype=BF16) for _ in range(2)))
+    slots = torch.randperm(m, device=DEV) + PAGE
+
+    def fused_layer(f: Any, i: int) -> object:
+        q = f.rmsnorm_qkv_rope(residual, norm_w, eps, w["qkv"][i], None, cos_sin, pool, slots)
+        r = f.linear_residual(attn, w["o_proj"][i], residual)
+        return f.linear_residual(f.rmsnorm_gate_up_silu(r, norm_w, eps, w["gate_up"][i]), w["down"][i], r), q
+
+    def unfused_layer(_: Any, i: int) -> object:
+        x, r = ops.add_rmsnorm(hidden, residual, norm_w, eps)
+        q, k, v = (
+            t.reshape(m, -1, D)
+            for t in ops.linear(x, w["qkv"][i], None).split([q_size, HKV * D, HKV * D], -1)
+        )
+        q = ops.rope_store_kv(q, k, v, cos_sin, pool, slots)
+        x, r = ops.add_rmsnorm(ops.linear(attn, w["o_proj"][i], None), r, norm_w, eps)
+        return ops.linear(ops.silu_mul(ops.linear(x, w["gate_up"][i], None)), w["down"][i], None), q
+
+    return {
+        "rmsnorm_qkv_rope": lambda f, i: f.rmsnorm_qkv_rope(residual, norm_w, eps, w["qkv"][i], None, cos_sin, pool, slots),
+        "linear_residual (o_proj)": lambda f, i: f.linear_residual(attn, w["o_proj"][i], residual),
+        "rmsnorm_gate_up_silu": lambda f, i: f.rmsnorm_gate_up_silu(residual, norm_w, eps, w["gate_up"][i]),
+        "linear_residual (down)": lambda f, i: f.linear_residual(act, w["down"][i], residual),
+        "layer fused": fused_layer,
+        "layer unfused": unfused_layer,
+    }  # fmt: skip
+
+
+def bench_fused(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
+    """The fused decode GEMVs on the Llama-3-8B layer, as graph replays: each fused op against the
+    unfused ops it replaces (`reference.Composition` on the CUDA table: norm kernel, GEMV or cuBLAS as
+    the selector sends them, RoPE + KV write, SiLU-mul, residual add), and a whole layer without its
+    attention (4 kernels against 8, the residual adds moved from the norms into the projections).
+    Weights rotate over copies larger than L2 together. Scored in weight bytes over copy BW."""
+    from sgjit.kernels.cuda.gemv import ROW_BUCKETS
+    from sgjit.kernels.registry import FUSED_OPS
+    from sgjit.kernels.table import build_ops
+
+    shapes = _shapes()
+    ks = KernelSelector().select(profile, shapes, Workload(16, 4096))
+    every_row = {op: KernelChoice(CUDA, {"rows": 16}, "bench: every row bucket") for op in FUSED_OPS}
+    unused = {
+        op: KernelChoice("reference", {}, "bench: not timed here")
+        for op in ("attention", "sample", "apply_bitmask")
+    }
+    ops = build_ops(profile, shapes, KernelSet({**ks.choices, **every_row, **unused}, shapes, ks.workload))
+    unfused = reference.Composition(ops.rmsnorm, ops.linear, ops.rope_store_kv, ops.silu_mul)
+    h, n_qkv = 4096, (HQ + 2 * HKV) * D
+    sizes = {"qkv": (n_qkv, h), "o_proj": (h, HQ * D), "gate_up": (2 * 14336, h), "down": (h, 14336)}
+    w = {
+        name: [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(max(1, -(-3 * profile.l2_bytes // (2 * n * k))))]
+        for name, (n, k) in sizes.items()
+    }  # fmt: skip
+    weight_of = {"rmsnorm_qkv_rope": "qkv", "linear_residual (o_proj)": "o_proj", "rmsnorm_gate_up_silu": "gate_up",
+                 "linear_residual (down)": "down"}  # fmt: skip
+    layer_us: dict[str, dict[int, float]] = {"fused": {}, "unfused": {}}
+    for m in ROW_BUCKETS:
+        calls = _layer_calls(ops, w, m)
+        timed = {}
+        for name, call in calls.items():
+            copies = len(w[weight_of[name]]) if name in weight_of else min(len(c) for c in w.values())
+            for label, table in (("fused", ops), ("unfused", unfused)):
+                if name.startswith("layer") and not name.endswith(label):
+                    continue
+                make = lambda i, call=call, table=table: lambda: call(table, i)  # noqa: E731
+                timed[name, label] = median_graph_seconds(_rotating(make, copies))
+        for name, wname in weight_of.items():
+            t, ref = timed[name, "fused"], timed[name, "unfused"]
+            row = _row(f"fused {name} (vs unfused ops)", f"M={m} {sizes[wname]}", t, ref)
+            rows.append(_membound(row, 2 * sizes[wname][0] * sizes[wname][1], t, ceil, 85))
+        t, ref = timed["layer fused", "fused"], timed["layer unfused", "unfused"]
+        layer_us["fused"][m], layer_us["unfused"][m] = t * 1e6, ref * 1e6
+        row = _row("decoder layer w/o attention: 4 fused vs 8 unfused kernels", f"8B M={m}", t, ref)
+        row = _membound(row, sum(2 * n * k for n, k in sizes.values()), t, ceil, 85)
+        rows.append(row | {"met": bool(row["met"] and t < ref), "target": row["target"] + " and < unfused"})
+    detail["fused_layer_us"] = layer_us
+    lm = torch.randn(128256, h, device=DEV, dtype=BF16) / h**0.5
+    norm_w = torch.ones(h, device=DEV, dtype=BF16)
+    for m in ROW_BUCKETS:
+        x = torch.randn(m, h, device=DEV, dtype=BF16)
+        t = median_graph_seconds(lambda x=x: ops.rmsnorm_linear(x, norm_w, 1e-5, lm, None))
+        ref = median_graph_seconds(lambda x=x: unfused.rmsnorm_linear(x, norm_w, 1e-5, lm, None))
+        row = _row("fused rmsnorm_linear (LM head, vs unfused ops)", f"M={m} (128256, 4096)", t, ref)
+        rows.append(_membound(row, lm.numel() * 2, t, ceil, 85))
+
+
 def _sampling_params(b: int, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> SamplingTensors:
     f = lambda x: torch.full((b,), x, device=DEV)  # noqa: E731
     return SamplingTensors(
@@ -431,6 +566,8 @@ def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
         "elementwise": lambda: bench_elementwise(profile, ceil, rows),
         "sampling": lambda: bench_sampling(profile, ceil, rows),
         "gemv": lambda: bench_gemv(profile, ceil, rows),
+        "gemv_tiles": lambda: bench_gemv_tiles(profile, ceil, rows, detail),
+        "fused": lambda: bench_fused(profile, ceil, rows, detail),
         "autotune": lambda: detail.__setitem__("autotune", autotune_report(profile, out)),
     }
     for name, step in steps.items():
@@ -472,7 +609,11 @@ COLUMNS = [
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sgjit.bench.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the full result as JSON here")
-    ap.add_argument("--only", nargs="+", help="sections: decode prefill elementwise sampling gemv autotune")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        help="sections: decode prefill elementwise sampling gemv gemv_tiles fused autotune",
+    )
     ap.add_argument(
         "--profile", metavar="DIR",
         help="instead (or, with --only, as well): an nsys timeline and an ncu report of the decode and "

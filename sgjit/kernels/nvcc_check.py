@@ -23,11 +23,14 @@ from sgjit.kernels.cuda.activation import silu_mul_name
 from sgjit.kernels.cuda.attention import attention_name, merge_name
 from sgjit.kernels.cuda.attention_sm90 import attention_sm90_name
 from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
+from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
+from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
 from sgjit.kernels.registry import CUDA, HALF_DTYPES, StreamTile, variant
+from sgjit.kernels.selector import FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS
 from sgjit.kernels.sources import family_source
 from sgjit.kernels.spec import ModelShapes
 
@@ -47,7 +50,8 @@ def _shapes(dtype: str, kv: str, head_dim: int, group: int, page: int) -> ModelS
 def instantiations(full: bool = False) -> dict[str, list[str]]:
     """family -> name expressions. The default set: every dtype x KV dtype x (head_dim, group) of the
     recorded model shapes at the preferred tiles, and every tile once; `full` adds the whole
-    product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from)."""
+    product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from), and the fused
+    GEMVs at every row bucket (by default: 1 row and the selector's fused rows)."""
     dtypes = sorted(HALF_DTYPES)
     kvs = ("same", "fp8_e4m3")
     dims_groups = list(HEAD_DIM_GROUPS)
@@ -72,6 +76,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         shapes = _shapes(dt, dt, d, g, page)
         sm90 |= {attention_sm90_name(shapes, t) for t in (sm90_tiles if full else sm90_tiles[:1])}
     widths = HIDDEN_WIDTHS
+    fused_buckets = ROW_BUCKETS if full else sorted({1, FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS})
     kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]
     return {
         "norm": sorted({norm_name(dt, w, add) for dt in dtypes for w in widths for add in (False, True)}),
@@ -83,6 +88,14 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         "sampling": list(SAMPLING_NAMES),
         "gemv": [
             gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS
+        ]
+        + [
+            fused_name(kernel, dt, w, b, kv)
+            for kernel in FUSED_KERNELS
+            for dt, kv in kv_pairs
+            for w in (dt, "fp8_e4m3")
+            for b in fused_buckets
+            if kernel == ROPE or kv == dt
         ],
     }
 

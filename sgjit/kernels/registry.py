@@ -159,6 +159,11 @@ PREFILL_TILES = (
 )
 
 
+# The decode step's fused ops (one unit: the model runs a step either all fused or all unfused)
+FUSED_OPS = ("rmsnorm_linear", "rmsnorm_qkv_rope", "rmsnorm_gate_up_silu", "linear_residual")
+FUSED_ROW_CHOICES = (0, 1, 2, 4, 8, 16)
+
+
 @dataclass(frozen=True, slots=True)
 class Sm90Tile:
     """One tiling of the Hopper prefill kernel (attention_sm90.cu): 128 packed query rows over two
@@ -281,7 +286,17 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     "prepare_weight": (_reference("prepare_weight"),),
     "apply_bitmask": _sampling_op("apply_bitmask", "one pass over the logits, in place"),
     "sample": _sampling_op("sample", "radix-select thresholds + Philox exponential race, one block per row"),
-}
+    **{
+        op: (Variant(op, CUDA, "gemv", (8, 0), kv_dtypes=kv, tunables={"rows": FUSED_ROW_CHOICES}, doc=doc),
+             _reference(op))
+        for op, kv, doc in (
+            ("rmsnorm_linear", None, "GEMV with the RMSNorm of its rows in the prologue"),
+            ("rmsnorm_qkv_rope", KV_DTYPES, "norm + q|k|v GEMV, RoPE and the paged KV write in the epilogue"),
+            ("rmsnorm_gate_up_silu", None, "norm + gate|up GEMV, SiLU-and-mul in the epilogue"),
+            ("linear_residual", None, "GEMV with the residual add in the epilogue"),
+        )
+    },
+}  # fmt: skip
 assert set(VARIANTS) == set(OpTable.names()), "every op needs its variants listed"
 
 TORCH_ONLY_REASON = {

@@ -20,6 +20,8 @@ from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import (
     CUDA,
     DECODE_PREFERENCE,
+    FUSED_OPS,
+    FUSED_ROW_CHOICES,
     HALF_DTYPES,
     REFERENCE,
     SM90_CC,
@@ -173,6 +175,46 @@ def _gemv_rows(profile: DeviceProfile, workload: Workload) -> tuple[dict[str, An
     )
 
 
+# Rows up to which a decode step runs as the fused GEMVs (the norm, RoPE + KV write, SiLU-and-mul and
+# residual adds inside the projections: 5 kernels a layer instead of 10). The fused kernels are the GEMV,
+# so they take the GEMV's rows: one on a model whose layers stream for long (cuBLAS wins from two rows
+# on the 8B weights, docs/performance.md), more where a layer's weights stream in about what the
+# removed launches cost (SmolLM2: ~7 MB a layer, a few µs), so that the GEMV's slowdown with rows
+# costs less than the kernels it saves.
+FUSED_ROWS = 1
+FUSED_ROWS_SMALL_LAYERS = 4
+SMALL_LAYER_BYTES = 32 << 20
+# Shared memory for the rows a fused block normalises in its prologue (rows x hidden x 2 bytes): at
+# most this much, so several blocks share an SM.
+FUSED_NORM_SMEM = 64 * 1024
+
+
+def _layer_bytes(shapes: ModelShapes) -> int:
+    """Bytes of one decoder layer's projection weights in the model dtype."""
+    h, d = shapes.hidden, shapes.head_dim
+    qkv = h * (shapes.num_heads + 2 * shapes.num_kv_heads) * d
+    return 2 * (qkv + shapes.num_heads * d * h + 3 * h * shapes.intermediate)
+
+
+def _fused_rows(
+    profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+) -> tuple[dict[str, Any], str]:
+    if workload.batch_invariant:  # the unfused path serves larger steps: a row would change with its batch
+        raise _Unfit("batch-invariant mode: every step runs the unfused ops")
+    small = _layer_bytes(shapes) <= SMALL_LAYER_BYTES
+    want = FUSED_ROWS_SMALL_LAYERS if small else FUSED_ROWS
+    budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)
+    fit = [b for b in FUSED_ROW_CHOICES if 0 < b <= want and b * shapes.hidden * 2 <= budget]
+    if not fit:
+        raise _Unfit(
+            f"one normalised row of {shapes.hidden} does not fit {budget // 1024} KB of shared memory"
+        )
+    return {"rows": fit[-1]}, (
+        f"decode steps of <= {fit[-1]} rows as fused GEMVs ({'small' if small else 'large'} layers: "
+        f"{_layer_bytes(shapes) >> 20} MB), larger ones unfused"
+    )
+
+
 def _parse_overrides(spec: str) -> dict[str, str]:
     """SGJIT_KERNELS: "auto" | "reference" | "op=variant,...". Unknown names are an error that
     lists the valid ones."""
@@ -292,6 +334,8 @@ class KernelSelector:
     ) -> tuple[dict[str, Any], str]:
         if op == "linear":
             return _gemv_rows(profile, workload)
+        if op in FUSED_OPS:
+            return _fused_rows(profile, shapes, workload)
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)

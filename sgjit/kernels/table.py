@@ -17,7 +17,7 @@ from sgjit.kernels.arch import DeviceProfile, device_profile
 from sgjit.kernels.cuda.module import cupy_module
 from sgjit.kernels.guard import GuardedOp
 from sgjit.kernels.ops import OpTable
-from sgjit.kernels.registry import CUDA, variant
+from sgjit.kernels.registry import CUDA, FUSED_OPS, variant
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import KernelSet, ModelShapes, Workload
 
@@ -65,8 +65,34 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
     raise KeyError(f"no CUDA op {op!r}")
 
 
+def _fused_ops(
+    profile: DeviceProfile, shapes: ModelShapes, ks: KernelSet, unfused: OpTable
+) -> dict[str, Any]:
+    """The fused decode ops on the kernels, each falling back to the unfused ops of `unfused`, and
+    `fused_rows`; nothing (the model stays unfused) unless the kernel set puts all four on CUDA."""
+    from sgjit.kernels.cuda.fused_gemv import FusedGemv
+
+    if any(ks[op].variant != CUDA for op in FUSED_OPS):
+        return {}
+    rows = min(ks[op].tunables["rows"] for op in FUSED_OPS)
+    composed = reference.Composition(unfused.rmsnorm, unfused.linear, unfused.rope_store_kv, unfused.silu_mul)
+    try:
+        fused = FusedGemv(
+            _DTYPES[shapes.dtype], shapes.dtype, shapes.kv_dtype, rows, profile.sm_count,
+            profile.smem_per_block_optin, composed,
+        )  # fmt: skip
+    except KernelError as e:
+        log.warning("fused decode kernels unavailable (%s); decode steps use the unfused ops", e)
+        return {}
+    ops: dict[str, Any] = {
+        op: GuardedOp(op, f"gemv.cu:{op}", getattr(fused, op), getattr(composed, op)) for op in FUSED_OPS
+    }
+    return ops | {"fused_rows": rows}
+
+
 def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet) -> OpTable:
-    """REFERENCE_OPS with every op the kernel set puts on CUDA replaced by its guarded kernel."""
+    """REFERENCE_OPS with every op the kernel set puts on CUDA replaced by its guarded kernel; the
+    fused decode ops fall back to the unfused ops of this table."""
     built: dict[str, Callable] = {}
     if any(c.variant == CUDA for c in kernel_set.choices.values()):
         try:
@@ -75,7 +101,7 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
             log.warning("%s", e)
             return reference.REFERENCE_OPS
     for op, choice in kernel_set.choices.items():
-        if choice.variant != CUDA or op in built:
+        if choice.variant != CUDA or op in built or op in FUSED_OPS:
             continue
         try:
             fns = _cuda_ops(op, profile, shapes, kernel_set)
@@ -86,7 +112,8 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
             if kernel_set[name].variant == CUDA:
                 label = f"{variant(name, CUDA).family}.cu:{name}"
                 built[name] = GuardedOp(name, label, fn, getattr(reference, name))
-    return reference.REFERENCE_OPS.with_overrides(**built)
+    unfused = reference.REFERENCE_OPS.with_overrides(**built)
+    return unfused.with_overrides(**_fused_ops(profile, shapes, kernel_set, unfused))
 
 
 def cuda_op_table(

@@ -18,6 +18,7 @@ from sgjit.kernels import reference, table
 from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.cuda import module
 from sgjit.kernels.guard import GuardedOp
+from sgjit.kernels.registry import FUSED_OPS
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import ModelShapes
 from sgjit.runtime.model.presets import shape_config
@@ -32,11 +33,14 @@ class _FakeKernel:
 
 
 class _FakeCupy:
-    """Compiles everything except the attention family, which fails as NVRTC would."""
+    """Compiles everything except the kernels named in `failing` (the attention family by default),
+    which fail as NVRTC would."""
+
+    failing = ("attention_kernel",)
 
     class RawModule:
         def __init__(self, code: str, options: tuple, name_expressions: list[str]) -> None:
-            if any(n.startswith("attention_kernel") for n in name_expressions):
+            if any(n.startswith(_FakeCupy.failing) for n in name_expressions):
                 raise RuntimeError("nvrtc: error: forced failure")
             self.names = name_expressions
 
@@ -69,6 +73,32 @@ def test_compile_failure_falls_back_for_that_op_only(fake_cupy, caplog):
     x = torch.randn(3, 4096).bfloat16()  # CPU tensors: the kernel ops hand them to the reference
     w = torch.ones(4096).bfloat16()
     assert torch.equal(ops.rmsnorm(x, w, 1e-5), reference.rmsnorm(x, w, 1e-5))
+
+
+def test_fused_ops_fall_back_to_the_unfused_kernels(fake_cupy):
+    """The fused decode ops are built as one unit with the selector's rows; a step they do not take
+    (here: CPU tensors) runs as the table's unfused ops, which hand CPU tensors to the reference."""
+    ks = KernelSelector().select(H200, _shapes())
+    ops = table.build_ops(H200, _shapes(), ks)
+    assert ops.fused_rows == ks["linear_residual"].tunables["rows"] >= 1
+    for op in FUSED_OPS:
+        assert isinstance(getattr(ops, op), GuardedOp), op
+    x, w, r = torch.randn(2, 64).bfloat16(), torch.randn(32, 64).bfloat16(), torch.randn(2, 32).bfloat16()
+    norm = torch.rand(64).bfloat16()
+    assert torch.equal(ops.linear_residual(x, w, r), reference.linear_residual(x, w, r))
+    assert torch.equal(
+        ops.rmsnorm_gate_up_silu(x, norm, 1e-5, w), reference.rmsnorm_gate_up_silu(x, norm, 1e-5, w)
+    )
+
+
+def test_fused_kernels_failing_to_compile_leave_decode_unfused(fake_cupy, monkeypatch, caplog):
+    monkeypatch.setattr(_FakeCupy, "failing", ("attention_kernel", "gemv_residual_kernel"))
+    with caplog.at_level(logging.WARNING):
+        ops = table.build_ops(H200, _shapes(), KernelSelector().select(H200, _shapes()))
+    assert ops.fused_rows == 0 and isinstance(ops.linear, GuardedOp)
+    assert all(getattr(ops, op) is getattr(reference, op) for op in FUSED_OPS)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "gemv_residual_kernel" in warnings[1]  # attention's, then the fused ops'
 
 
 def test_missing_cupy_keeps_reference_ops(monkeypatch, caplog):

@@ -68,6 +68,34 @@ def test_gemv_rows_by_device_and_mode():
     assert f32.variant == "reference"
 
 
+def test_fused_decode_rows_by_shape_and_mode():
+    """Decode steps run as the fused GEMVs up to FUSED_ROWS rows on large layers (the 8B's), more on
+    small ones (SmolLM2's), fewer where the normalised rows would crowd shared memory; never in the
+    deterministic mode or for fp32."""
+    from dataclasses import replace
+
+    from sgjit.kernels.registry import FUSED_OPS
+    from sgjit.kernels.selector import FUSED_NORM_SMEM, FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS
+
+    for name, rows in (("llama3-8b", FUSED_ROWS), ("smollm2-135m", FUSED_ROWS_SMALL_LAYERS)):
+        ks = KernelSelector().select(PROFILES["H200"], shapes(name))
+        for op in FUSED_OPS:
+            assert ks[op].variant == "cuda" and ks[op].tunables["rows"] == rows, (op, ks[op].reason)
+    small = shapes("smollm2-135m")
+    # two rows fill the budget, the layer still small
+    wide = replace(small, hidden=FUSED_NORM_SMEM // 4, intermediate=64, num_heads=1, num_kv_heads=1)
+    assert KernelSelector().select(PROFILES["H200"], wide)["linear_residual"].tunables["rows"] == min(
+        2, FUSED_ROWS_SMALL_LAYERS
+    )
+    too_wide = replace(small, hidden=FUSED_NORM_SMEM)
+    assert KernelSelector().select(PROFILES["H200"], too_wide)["rmsnorm_linear"].variant == "reference"
+    det = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))
+    f32 = KernelSelector().select(PROFILES["H200"], shapes(dtype=torch.float32))
+    for op in FUSED_OPS:
+        assert det[op].variant == "reference" and "batch-invariant" in det[op].reason
+        assert f32[op].variant == "reference"
+
+
 def test_fp8_pool_tile():
     """The fp8 ring is half the bytes (plus the widened tile it is converted into); its preferred
     tile still runs two or more per SM on a 100 KB part."""

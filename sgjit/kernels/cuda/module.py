@@ -77,6 +77,19 @@ def allow_smem(kernel: Any, nbytes: int) -> None:
         kernel.max_dynamic_shared_size_bytes = nbytes
 
 
+_resident: dict[tuple[int, int, int], int] = {}
+
+
+def resident_blocks(kernel: Any, threads: int, smem: int) -> int:
+    """Blocks of `kernel` one SM holds at once with `smem` bytes of dynamic shared memory each (the
+    driver's occupancy calculator; `allow_smem` first above 48 KB), at least 1."""
+    key = (kernel.ptr, threads, smem)
+    if key not in _resident:
+        occupancy = cupy_module().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
+        _resident[key] = max(1, occupancy(kernel.ptr, threads, smem))
+    return _resident[key]
+
+
 def current_stream() -> Any:
     """torch's current stream as a CuPy stream (cached per stream handle)."""
     handle = torch.cuda.current_stream().cuda_stream
