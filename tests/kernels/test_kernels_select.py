@@ -68,7 +68,7 @@ def test_gemv_rows_by_device_and_mode():
     assert f32.variant == "reference"
 
 
-def test_fused_decode_rows_by_shape_and_mode():
+def test_fused_decode_rows_by_shape_and_mode(unverified_kernels):
     """Decode steps run as the fused GEMVs up to FUSED_ROWS rows on large layers (the 8B's), more on
     small ones (SmolLM2's), fewer where the normalised rows would crowd shared memory; never in the
     deterministic mode or for fp32."""

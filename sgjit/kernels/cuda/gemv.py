@@ -21,11 +21,12 @@ THREADS = 32 * WARPS
 ROW_BUCKETS = (1, 2, 4, 8, 16)
 # rows bucket -> (output channels a warp owns, loads in flight per channel and lane); more channels
 # a warp reuse each x vector, more loads in flight cut the memory round trips a warp waits through
-# in sequence (K / (32 x UNROLL) of them: the first H100 run had 1-row GEMVs at copy bandwidth and
-# (2, 2) tiles at 2 rows 1.7x slower on a 4096-wide weight, with half the warps making twice the
-# round trips). Neither changes a lane's summation order, so a row's bits do not depend on M. At 8
-# and 16 rows more loads in flight spill on sm_80; `--only gemv_tiles` of bench.kernels sweeps them.
-TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 4), 4: (2, 4), 8: (4, 1), 16: (4, 1)}
+# in sequence (K / (32 x UNROLL) of them). These are the tiles the first H100 run measured (1-row
+# GEMVs at copy bandwidth, (2, 2) at 2 rows 1.7x slower on a 4096-wide weight); (2, 4) for 2-4 rows
+# is the candidate `--only gemv_tiles` of bench.kernels is to decide. Neither changes a lane's
+# summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
+# on sm_80.
+TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
 
