@@ -303,7 +303,16 @@ def test_fused_decode_matches_the_unfused_kernels(shape):
     ks = KernelSelector().select(profile, shapes, Workload(rows, max_tokens))
     assert all(ks[op].variant == "cuda" for op in FUSED_OPS)
     fused_rows = {op: KernelChoice("cuda", {"rows": 16}, "test: every row bucket") for op in FUSED_OPS}
-    ops = build_ops(profile, shapes, KernelSet({**ks.choices, **fused_rows}, shapes, ks.workload))
+    # Attention on its GPU-verified kernels (SGJIT_UNVERIFIED_KERNELS=1 also offers the streaming decode
+    # and sm_90 prefill ones): both sides share it, and this test is about the GEMVs
+    attn = ks["attention"]
+    verified = {k: v for k, v in attn.tunables.items() if k not in ("stream_decode", "prefill_sm90")}
+    choices = {
+        **ks.choices,
+        **fused_rows,
+        "attention": KernelChoice(attn.variant, verified, "test: verified"),
+    }
+    ops = build_ops(profile, shapes, KernelSet(choices, shapes, ks.workload))
     assert ops.fused_rows == 16 and type(ops.linear_residual).__name__ == "GuardedOp"
     model = LlamaModel(cfg, weights, ops, DEV, torch.bfloat16, max_positions=4096)
     oracle = LlamaModel(cfg, exact, REFERENCE_OPS, DEV, torch.float32, max_positions=4096)
