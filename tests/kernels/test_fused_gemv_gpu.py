@@ -1,5 +1,5 @@
 """The fused decode GEMVs (gemv.cu through FusedGemv) against the composition of the unfused torch
-ops they replace (reference.py), on random inputs: bf16/fp16, 1-16 rows, ragged output widths,
+ops they replace (reference.py; FP8 projections as the unfused GEMV computes them), on random inputs: bf16/fp16, 1-16 rows, ragged output widths,
 random norm weights, a q|k|v bias, FP8 weights, bf16 and fp8 KV pools written at scattered slots
 of partly filled pages, partial rotary dims; CUDA-graph replay; rows independent of their batch.
 Then a whole model: the fused decode step against the unfused kernels. Skipped without a GPU.
@@ -16,7 +16,7 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
-from sgjit.kernels.fp8 import Fp8Weight
+from sgjit.kernels.fp8 import Fp8Weight, linear_reference
 from sgjit.kernels.ops import LayerKV
 
 pytestmark = pytest.mark.gpu
@@ -28,6 +28,18 @@ KINDS = [(torch.bfloat16, False), (torch.float16, False), (torch.bfloat16, True)
 NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float8_e4m3fn: "fp8_e4m3"}
 TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2.5e-3}  # about one output rounding
 EPS = 1e-5
+
+
+def _gemv_linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The projection as the unfused decode GEMV computes it, which the fused kernels replace. For FP8
+    weights that is fp32 math rounded once (fp8.linear_reference); reference.linear would take
+    cuBLASLt's FP8 GEMM where the shape is 16-aligned, which also rounds the activations to e4m3
+    (about 2.7% relative error on a K=4096 row: not what a GEMV computes)."""
+    return linear_reference(x, w, bias) if isinstance(w, Fp8Weight) else reference.linear(x, w, bias)
+
+
+# What each fused op computes, rounding for rounding: the unfused torch ops with the GEMV's projection
+REF = reference.Composition(reference.rmsnorm, _gemv_linear, reference.rope_store_kv, reference.silu_mul)
 
 
 def _no_fallback(*_a, **_k):
@@ -96,7 +108,7 @@ def test_rmsnorm_linear(fused, dtype, n, k, fp8):
         x, norm_w = _inputs(m, k, dtype, g)
         for b in (None, bias):
             out = fused(dtype).rmsnorm_linear(x, norm_w, EPS, w, b)
-            ref = reference.rmsnorm_linear(x, norm_w, EPS, w, b)
+            ref = REF.rmsnorm_linear(x, norm_w, EPS, w, b)
             xn = reference.rmsnorm(x.float(), norm_w.float(), EPS)
             oracle = xn @ _f32(w).T + (0 if b is None else b.float())
             assert out.shape == (m, n) and out.dtype == dtype
@@ -112,7 +124,7 @@ def test_linear_residual(fused, dtype, n, k, fp8):
         x = torch.randn(m, k, device=DEV, generator=g).to(dtype)
         residual = (torch.randn(m, n, device=DEV, generator=g) * 4).to(dtype)
         out = fused(dtype).linear_residual(x, w, residual)
-        ref = reference.linear_residual(x, w, residual)
+        ref = REF.linear_residual(x, w, residual)
         _close(out, ref, x.float() @ _f32(w).T + residual.float(), dtype)
 
 
@@ -124,7 +136,7 @@ def test_rmsnorm_gate_up_silu(fused, dtype, inter, k, fp8):
     for m in ROWS:
         x, norm_w = _inputs(m, k, dtype, g)
         out = fused(dtype).rmsnorm_gate_up_silu(x, norm_w, EPS, w)
-        ref = reference.rmsnorm_gate_up_silu(x, norm_w, EPS, w)
+        ref = REF.rmsnorm_gate_up_silu(x, norm_w, EPS, w)
         gu = reference.rmsnorm(x.float(), norm_w.float(), EPS) @ _f32(w).T
         assert out.shape == (m, inter)
         _close(out, ref, reference.silu_mul(gu), dtype)
@@ -175,7 +187,7 @@ def test_rmsnorm_qkv_rope(fused, cfg, fp8):
         ref = _copy(mine)
         b = bias if m % 2 else None
         q = op.rmsnorm_qkv_rope(x, norm_w, EPS, w, b, cos_sin, mine, slots)
-        q_ref = reference.rmsnorm_qkv_rope(x, norm_w, EPS, w, b, cos_sin, ref, slots)
+        q_ref = REF.rmsnorm_qkv_rope(x, norm_w, EPS, w, b, cos_sin, ref, slots)
         assert q.shape == (m, hq, d)
         assert rel_err(q, q_ref) < TOL[dtype] / 2
         qkv = reference.rmsnorm(x.float(), norm_w.float(), EPS) @ _f32(w).T + (0 if b is None else b.float())
@@ -291,7 +303,16 @@ def test_fused_decode_matches_the_unfused_kernels(shape):
     ks = KernelSelector().select(profile, shapes, Workload(rows, max_tokens))
     assert all(ks[op].variant == "cuda" for op in FUSED_OPS)
     fused_rows = {op: KernelChoice("cuda", {"rows": 16}, "test: every row bucket") for op in FUSED_OPS}
-    ops = build_ops(profile, shapes, KernelSet({**ks.choices, **fused_rows}, shapes, ks.workload))
+    # Attention on its GPU-verified kernels (SGJIT_UNVERIFIED_KERNELS=1 also offers the streaming decode
+    # and sm_90 prefill ones): both sides share it, and this test is about the GEMVs
+    attn = ks["attention"]
+    verified = {k: v for k, v in attn.tunables.items() if k not in ("stream_decode", "prefill_sm90")}
+    choices = {
+        **ks.choices,
+        **fused_rows,
+        "attention": KernelChoice(attn.variant, verified, "test: verified"),
+    }
+    ops = build_ops(profile, shapes, KernelSet(choices, shapes, ks.workload))
     assert ops.fused_rows == 16 and type(ops.linear_residual).__name__ == "GuardedOp"
     model = LlamaModel(cfg, weights, ops, DEV, torch.bfloat16, max_positions=4096)
     oracle = LlamaModel(cfg, exact, REFERENCE_OPS, DEV, torch.float32, max_positions=4096)

@@ -28,8 +28,38 @@ H200 = DeviceProfile.from_dict(
 )
 
 
+class _FakeFunction:
+    """cupy.cuda.function.Function: a kernel loaded on one device, `ptr` its CUfunction handle."""
+
+    def __init__(self) -> None:
+        self.ptr = id(self)
+
+
 class _FakeKernel:
+    """Shaped as CuPy 14's RawKernel: no handle of its own, its loaded Function behind `kernel`."""
+
     max_dynamic_shared_size_bytes = 0
+
+    def __init__(self) -> None:
+        self._function = _FakeFunction()
+
+    @property
+    def kernel(self) -> _FakeFunction:
+        return self._function
+
+
+class _FakeDriver:
+    """cupy.cuda.driver's occupancy call: takes the CUfunction as an integer (Cython's intptr_t)."""
+
+    calls: list[tuple[int, int, int]] = []
+    blocks = 3
+
+    @staticmethod
+    def occupancyMaxActiveBlocksPerMultiprocessor(func: int, threads: int, smem: int) -> int:  # noqa: N802
+        if not isinstance(func, int):
+            raise TypeError(f"an integer is required, got {type(func).__name__}")
+        _FakeDriver.calls.append((func, threads, smem))
+        return _FakeDriver.blocks
 
 
 class _FakeCupy:
@@ -37,6 +67,9 @@ class _FakeCupy:
     which fail as NVRTC would."""
 
     failing = ("attention_kernel",)
+
+    class cuda:  # noqa: N801
+        driver = _FakeDriver
 
     class RawModule:
         def __init__(self, code: str, options: tuple, name_expressions: list[str]) -> None:
@@ -101,6 +134,22 @@ def test_fused_kernels_failing_to_compile_leave_decode_unfused(fake_cupy, monkey
     assert all(getattr(ops, op) is getattr(reference, op) for op in FUSED_OPS)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and "gemv_residual_kernel" in warnings[1]  # attention's, then the fused ops'
+
+
+def test_occupancy_query_takes_the_loaded_function_handle(fake_cupy, monkeypatch):
+    """The fused GEMVs size their grid by the driver's occupancy of the compiled kernel, whose handle
+    is the loaded Function's `ptr` (a CuPy RawKernel has none itself); one query per (kernel,
+    threads, shared memory), and at least one block."""
+    from sgjit.kernels.cuda.fused_gemv import NORM, fused_name
+
+    monkeypatch.setattr(module, "_resident", {})
+    monkeypatch.setattr(_FakeDriver, "calls", [])
+    name = fused_name(NORM, "bfloat16", "bfloat16", 4, "bfloat16")
+    kernel = module.compile_kernels("gemv", [name])[name]
+    assert [module.resident_blocks(kernel, 128, 8192) for _ in range(2)] == [3, 3]
+    assert _FakeDriver.calls == [(kernel.kernel.ptr, 128, 8192)]
+    monkeypatch.setattr(_FakeDriver, "blocks", 0)
+    assert module.resident_blocks(kernel, 128, 200 * 1024) == 1
 
 
 def test_missing_cupy_keeps_reference_ops(monkeypatch, caplog):

@@ -82,11 +82,14 @@ _resident: dict[tuple[int, int, int], int] = {}
 
 def resident_blocks(kernel: Any, threads: int, smem: int) -> int:
     """Blocks of `kernel` one SM holds at once with `smem` bytes of dynamic shared memory each (the
-    driver's occupancy calculator; `allow_smem` first above 48 KB), at least 1."""
-    key = (kernel.ptr, threads, smem)
+    driver's occupancy calculator; `allow_smem` first above 48 KB), at least 1. A CuPy `RawKernel`
+    holds no handle itself: its `kernel` property is the `cupy.cuda.function.Function` loaded on the
+    current device, whose `ptr` is the CUfunction the driver call takes."""
+    func = kernel.kernel.ptr
+    key = (func, threads, smem)
     if key not in _resident:
         occupancy = cupy_module().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
-        _resident[key] = max(1, occupancy(kernel.ptr, threads, smem))
+        _resident[key] = max(1, occupancy(func, threads, smem))
     return _resident[key]
 
 
