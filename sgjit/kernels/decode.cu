@@ -2,9 +2,10 @@
 //
 // Work is split flat: every row's keys are cut into 16-key tiles, the tiles of all rows (and of each
 // group of HG kv heads, when a CTA does not hold all of them) are laid end to end, and CTA c of P
-// takes units [c*W/P, (c+1)*W/P). Every CTA moves the same number of bytes whatever the mix of
-// lengths, and the grid (P = SMs x resident CTAs) depends on nothing but the device, so a captured
-// CUDA graph replays for any lengths: each CTA recomputes the partition from kv_lens on the device.
+// takes units [c*W/P, (c+1)*W/P), P = min(grid, W) (the CTAs past P, if any, have nothing to do).
+// Every CTA moves the same number of bytes whatever the mix of lengths, and the grid (SMs x resident
+// CTAs) depends on nothing but the device, so a captured CUDA graph replays for any lengths: each CTA
+// recomputes the partition from kv_lens on the device.
 // A (row, head group) held by one CTA is written straight to the output; one cut between CTAs leaves
 // each piece's normalised O and log2-sum-exp in a slot (a CTA has at most two cut pieces: the one it
 // starts in and the one it ends in), and stream_merge_kernel combines them.
@@ -110,11 +111,13 @@ __global__ void __launch_bounds__(32 * HG)
     if (lane == 0) s_pre[0] = 0;
   }
   __syncthreads();
+  // No more CTAs take part than there are units, so each holds at least one: the merge reads a slot of
+  // every CTA from a stream's first to its last, and an empty one would leave its slot unwritten.
   const int total = s_pre[num_rows];
-  const int P = gridDim.x, cta = blockIdx.x;
+  const int P = min((int)gridDim.x, total), cta = blockIdx.x;
+  if (cta >= P) return;
   const int u_begin = (int)((i64)cta * total / P);
   const int u_end = (int)((i64)(cta + 1) * total / P);
-  if (u_begin >= u_end) return;
 
   auto locate = [&](int u) {
     int lo = 0, hi = num_rows - 1;  // the last row starting at or before u
