@@ -138,6 +138,33 @@ def prepare_weight(weight: torch.Tensor | QuantWeight) -> torch.Tensor:
     return weight.dequantize() if isinstance(weight, QuantWeight) else weight  # fp32 on the CPU
 
 
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """Routed experts: the (token, choice) pairs sorted by expert, one gate|up and one down GEMM per
+    expert that has tokens, each result weighted and added into its token's row in float32, in
+    expert order (Hugging Face's order, so float32 results agree with it to the GEMMs' rounding).
+    Reads the per-expert counts on the host: eager only, a CUDA graph cannot capture it."""
+    n, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    rows, weights = order // k, topk_weights.reshape(-1)[order].float()
+    out = torch.zeros(n, x.shape[-1], dtype=torch.float32, device=x.device)
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            idx = rows[start : start + count]
+            y = F.linear(silu_mul(F.linear(x[idx], w_gate_up[e])), w_down[e])
+            out.index_add_(0, idx, y.float() * weights[start : start + count, None])
+        start += count
+    return out.to(x.dtype)
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     bits = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)[:, : logits.shape[1]]
@@ -185,5 +212,6 @@ def sample(
 
 REFERENCE_OPS = OpTable(
     rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rope_store_kv=rope_store_kv, attention=attention, silu_mul=silu_mul,
-    linear=linear, prepare_weight=prepare_weight, apply_bitmask=apply_bitmask, sample=sample,
+    linear=linear, prepare_weight=prepare_weight, moe_experts=moe_experts, apply_bitmask=apply_bitmask,
+    sample=sample,
 )  # fmt: skip
