@@ -36,3 +36,25 @@ def save_tiny_hf(path: Path, config_class: str, tokenizer_backend, seed: int = 0
         json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False})
     )
     return model
+
+
+# Tiny MoE models of each family, each with a feature of its family's config switched on: Qwen3-MoE
+# renormalising the top-k and keeping a dense layer (`mlp_only_layers`), Qwen2-MoE's shared expert
+# with every second layer sparse (`decoder_sparse_step`), Mixtral's always-renormalised top-2.
+MOE_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, mlp_only_layers=[1], head_dim=24,
+        ),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            num_hidden_layers=4, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, decoder_sparse_step=2, tie_word_embeddings=True,
+        ),
+    ),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+}  # fmt: skip
