@@ -149,8 +149,9 @@ def weight_bytes_read(model, rows: int = 1) -> int:
         read = 1 - (1 - k / e) ** rows  # the share of experts some row routes to
         return size(mlp.router) + ffn(mlp.shared) + read * (size(mlp.gate_up) + size(mlp.down))
 
+    attention = ("attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "ffn_norm")
     total = size(model.lm_head) + size(model.final_norm)
     for layer in model.layers:
-        total += sum(size(getattr(layer, f)) for f in ("attn_norm", "qkv", "qkv_bias", "o_proj", "ffn_norm"))
+        total += sum(size(getattr(layer, f)) for f in attention)
         total += ffn(layer.mlp)
     return int(total)

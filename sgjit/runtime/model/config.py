@@ -112,6 +112,7 @@ class ModelConfig:
     def _params(self, experts: int) -> int:
         h, i = self.hidden_size, self.intermediate_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 2 * h
+        attn += (self.q_size + 2 * self.kv_size) * self.qkv_bias + 2 * self.head_dim * self.qk_norm
         layers = 0
         for layer in range(self.num_layers):
             sparse = self.moe is not None and self.moe.is_sparse(layer)
