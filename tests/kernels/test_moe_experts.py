@@ -12,26 +12,7 @@ import torch.nn.functional as F
 
 from sgjit.kernels import reference
 from sgjit.kernels.grouped_moe import moe_experts_grouped
-
-
-def case(n: int, e: int, k: int, h: int, i: int, dtype: torch.dtype, load: str, seed: int = 0):
-    """Inputs of one call. `load`: "uniform" ids, "skewed" (most pairs on a few experts, expert 1
-    never chosen), or "one" (every token's first choice is expert 0)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, h, generator=g).to(dtype)
-    w_gate_up = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)
-    w_down = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype)
-    if load == "uniform":
-        scores = torch.rand(n, e, generator=g)
-    elif load == "skewed":
-        scores = torch.rand(n, e, generator=g) * torch.linspace(4.0, 0.1, e) ** 3
-        scores[:, 1] = -1.0
-    else:
-        scores = torch.rand(n, e, generator=g)
-        scores[:, 0] = 2.0
-    ids = scores.topk(k, dim=-1).indices
-    weights = torch.rand(n, k, generator=g).softmax(-1)
-    return x, ids, weights, w_gate_up, w_down
+from sgjit.kernels.synthetic import moe_experts_case
 
 
 def by_definition(x, ids, weights, w_gate_up, w_down) -> torch.Tensor:
@@ -60,7 +41,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("n,e,k,h,i,load", CASES)
 def test_reference_is_the_definition(n, e, k, h, i, load):
-    args = case(n, e, k, h, i, torch.float32, load)
+    args = moe_experts_case(n, e, k, h, i, torch.float32, "cpu", load).args
     counts = torch.bincount(args[1].flatten(), minlength=e)
     if load == "skewed":
         assert counts[1] == 0  # an expert without tokens is skipped, not run on nothing
@@ -72,7 +53,7 @@ def test_reference_is_the_definition(n, e, k, h, i, load):
 @pytest.mark.parametrize("n,e,k,h,i,load", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_path_matches_reference(n, e, k, h, i, load, dtype):
-    args = case(n, e, k, h, i, dtype, load, seed=1)
+    args = moe_experts_case(n, e, k, h, i, dtype, "cpu", load, seed=1).args
     try:
         out = moe_experts_grouped(*args)
     except (NotImplementedError, RuntimeError) as err:  # torch builds without a CPU _grouped_mm
