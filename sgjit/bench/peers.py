@@ -30,20 +30,24 @@ def hf_config(cfg: ModelConfig) -> Any:
         rope |= {"factor": cfg.rope.factor, "low_freq_factor": cfg.rope.low_freq_factor,
                  "high_freq_factor": cfg.rope.high_freq_factor,
                  "original_max_position_embeddings": cfg.rope.original_max_position}  # fmt: skip
-    return getattr(transformers, _HF_CONFIG[cfg.architecture])(
+    fields = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope, **_hf_moe(cfg),
+        tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope,
     )  # fmt: skip
+    return getattr(transformers, _HF_CONFIG[cfg.architecture])(**fields | _hf_moe(cfg))
 
 
 def _hf_moe(cfg: ModelConfig) -> dict[str, Any]:
     moe = cfg.moe
     if moe is None:
         return {}
-    if cfg.architecture == "mixtral":
-        return {"num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k}
+    if cfg.architecture == "mixtral":  # its experts' width is the config's intermediate_size
+        return {
+            "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+            "intermediate_size": moe.intermediate_size,
+        }  # fmt: skip
     out = {
         "num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
         "moe_intermediate_size": moe.intermediate_size, "norm_topk_prob": moe.norm_topk_prob,

@@ -48,3 +48,20 @@ def test_preset_weights_load_and_are_counted(name):
     assert weight_bytes_read(model, rows=1) == pytest.approx(all_read - skipped, abs=8)
     embed = 4 * cfg.vocab_size * cfg.hidden_size  # a row gather, not read whole
     assert all_read == pytest.approx(4 * cfg.num_params() - embed, abs=8)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"])
+def test_benchmark_peer_builds_the_same_moe(name):
+    """The transformers model benchmarks run beside a `random:` MoE shape has the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    from sgjit.bench.peers import hf_config
+
+    cfg = small(name)
+    hf = AutoModelForCausalLM.from_config(hf_config(cfg))
+    assert sum(p.numel() for p in hf.parameters()) == cfg.num_params()
+    assert (
+        type(hf).__name__
+        == {"qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe"}[cfg.architecture]
+        + "ForCausalLM"
+    )
