@@ -51,15 +51,16 @@ def parser() -> argparse.ArgumentParser:
 
 def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) -> tuple[float, float]:
     """(prefill seconds, decode tok/s per sequence) the hardware allows for this batch: a decode
-    step reads the weights as this runtime holds them (bf16, FP8, ...) and the KV; prefill counts
-    the FLOPs at the bf16 GEMM peak."""
+    step reads the weights as this runtime holds them (bf16, FP8, ...; of an MoE layer, the experts
+    the batch routes to) and the KV; prefill counts the FLOPs of the weights a token computes with
+    (an MoE model's active ones) at the bf16 GEMM peak."""
     mc = rt.model_config
     elem = torch.empty(0, dtype=rt.dtype).element_size()
-    weights = weight_bytes_read(rt.model)
+    weights = weight_bytes_read(rt.model, rows=bs)
     ctx = input_len + output_len / 2
     kv_bytes = bs * ctx * 2 * mc.num_layers * mc.kv_size * elem
     decode_step = (weights + kv_bytes) / (ceilings.bandwidth_gbps * 1e9)
-    flops = 2 * mc.num_params() * bs * input_len + 2 * mc.num_layers * mc.q_size * bs * input_len**2
+    flops = 2 * mc.active_params() * bs * input_len + 2 * mc.num_layers * mc.q_size * bs * input_len**2
     peak = (ceilings.gemm_tflops or 0.0) * 1e12
     prefill = flops / peak if peak else float("nan")
     return prefill, 1.0 / decode_step

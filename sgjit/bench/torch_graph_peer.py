@@ -69,8 +69,8 @@ class TorchGraphDecoder:
             else:
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             x = x + linear(o.reshape(b, hq, t, d).transpose(1, 2).reshape(b, t, -1), layer.o_proj, None)
-            gate, up = linear(_rmsnorm(x, layer.ffn_norm, eps), layer.gate_up, None).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.down, None)
+            gate, up = linear(_rmsnorm(x, layer.ffn_norm, eps), layer.mlp.gate_up, None).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.mlp.down, None)
         return linear(_rmsnorm(x[:, -1], m.final_norm, eps), m.lm_head, None)
 
     def _decode_step(self) -> None:

@@ -98,6 +98,9 @@ RMSNormGateUpSilu = Callable[[torch.Tensor, torch.Tensor, float, Any], torch.Ten
 LinearResidual = Callable[[torch.Tensor, Any, torch.Tensor], torch.Tensor]
 # weight [out, in] -> the form `linear` wants (identity for torch; a packed layout for oneDNN)
 PrepareWeight = Callable[[torch.Tensor], Any]
+# (x [N,H], topk_ids int64 [N,K], topk_weights float32 [N,K], w_gate_up [E,2I,H], w_down [E,H,I]) -> [N,H]:
+# row n = sum over k of topk_weights[n,k] * down_e(silu(gate_e(x_n)) * up_e(x_n)), e = topk_ids[n,k]
+MoeExperts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # (logits [B,V] float32, bitmask int32 [B, ceil(V/32)]) -> None; bit v of row b clear => logits[b, v] = -inf
 ApplyBitmask = Callable[[torch.Tensor, torch.Tensor], None]
 # (logits [B,V] float32, params, generator) -> token ids int64 [B]
@@ -113,6 +116,7 @@ class OpTable:
     silu_mul: SiluMul
     linear: Linear
     prepare_weight: PrepareWeight
+    moe_experts: MoeExperts
     apply_bitmask: ApplyBitmask
     sample: Sample
     rmsnorm_linear: RMSNormLinear

@@ -105,7 +105,10 @@ def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: floa
         k, v = gather_kv(kv, meta.page_table[:, :num_pages], meta.max_kv_len, q.dtype)
         key_pos = torch.arange(meta.max_kv_len, device=q.device)
         mask = (key_pos[None, :] < meta.kv_lens[:, None].to(key_pos.dtype))[:, None, None, :]
-        v = v.masked_fill(~mask[:, :, 0, :, None], 0.0)  # padding slots may hold anything, NaN included
+        # padding slots may hold anything, NaN included (a CPU pool is not zeroed), and a NaN key
+        # poisons its row even where the mask hides it
+        pad = ~mask[:, :, 0, :, None]
+        k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         out = F.scaled_dot_product_attention(
             q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True
         )
@@ -147,6 +150,33 @@ def linear(
 
 def prepare_weight(weight: torch.Tensor | QuantWeight) -> torch.Tensor:
     return weight.dequantize() if isinstance(weight, QuantWeight) else weight  # fp32 on the CPU
+
+
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """Routed experts: the (token, choice) pairs sorted by expert, one gate|up and one down GEMM per
+    expert that has tokens, each result weighted and added into its token's row in float32, in
+    expert order (Hugging Face's order, so float32 results agree with it to the GEMMs' rounding).
+    Reads the per-expert counts on the host: eager only, a CUDA graph cannot capture it."""
+    n, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    rows, weights = order // k, topk_weights.reshape(-1)[order].float()
+    out = torch.zeros(n, x.shape[-1], dtype=torch.float32, device=x.device)
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            idx = rows[start : start + count]
+            y = F.linear(silu_mul(F.linear(x[idx], w_gate_up[e])), w_down[e])
+            out.index_add_(0, idx, y.float() * weights[start : start + count, None])
+        start += count
+    return out.to(x.dtype)
 
 
 class Composition:
@@ -248,7 +278,7 @@ def sample(
 
 REFERENCE_OPS = OpTable(
     rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rope_store_kv=rope_store_kv, attention=attention, silu_mul=silu_mul,
-    linear=linear, prepare_weight=prepare_weight, apply_bitmask=apply_bitmask, sample=sample,
-    rmsnorm_linear=rmsnorm_linear, rmsnorm_qkv_rope=rmsnorm_qkv_rope, rmsnorm_gate_up_silu=rmsnorm_gate_up_silu,
-    linear_residual=linear_residual,
+    linear=linear, prepare_weight=prepare_weight, moe_experts=moe_experts, apply_bitmask=apply_bitmask,
+    sample=sample, rmsnorm_linear=rmsnorm_linear, rmsnorm_qkv_rope=rmsnorm_qkv_rope,
+    rmsnorm_gate_up_silu=rmsnorm_gate_up_silu, linear_residual=linear_residual,
 )  # fmt: skip

@@ -13,6 +13,7 @@ from sgjit.kernels.ops import OpTable
 
 REFERENCE = "reference"
 CUDA = "cuda"
+GROUPED_MM = "grouped_mm"
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
 KV_DTYPES = frozenset({"float16", "bfloat16", "fp8_e4m3"})
 
@@ -284,6 +285,18 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
         _reference("linear"),
     ),  # fmt: skip
     "prepare_weight": (_reference("prepare_weight"),),
+    "moe_experts": (
+        Variant(
+            "moe_experts",
+            GROUPED_MM,
+            None,
+            (9, 0),
+            dtypes=frozenset({"bfloat16"}),
+            kv_dtypes=None,
+            doc="torch._grouped_mm: all experts' gate|up in one grouped GEMM, all downs in another (no host sync)",
+        ),
+        _reference("moe_experts"),
+    ),  # fmt: skip
     "apply_bitmask": _sampling_op("apply_bitmask", "one pass over the logits, in place"),
     "sample": _sampling_op("sample", "radix-select thresholds + Philox exponential race, one block per row"),
     **{

@@ -16,6 +16,7 @@ from typing import Any
 
 from sgjit.errors import SgjitError
 from sgjit.kernels.arch import DeviceProfile, arch_hash
+from sgjit.kernels.grouped_moe import grouped_unsupported
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import (
     CUDA,
@@ -223,8 +224,10 @@ def _parse_overrides(spec: str) -> dict[str, str]:
     spec = spec.strip()
     if spec in ("", "auto"):
         return {}
-    if spec in (REFERENCE, CUDA):
+    if spec == REFERENCE:
         return {op: spec for op in OpTable.names()}
+    if spec == CUDA:  # every op that has a CUDA kernel; the others keep their automatic choice
+        return {op: spec for op in OpTable.names() if any(v.name == CUDA for v in VARIANTS[op])}
     out = {}
     for item in spec.split(","):
         op, sep, name = item.strip().partition("=")
@@ -338,6 +341,11 @@ class KernelSelector:
             return _gemv_rows(profile, workload)
         if op in FUSED_OPS:
             return _fused_rows(profile, shapes, workload)
+        if op == "moe_experts":
+            why_not = grouped_unsupported(profile, shapes)
+            if why_not:
+                raise _Unfit(why_not)
+            return {}, ""
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)

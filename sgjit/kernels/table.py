@@ -15,9 +15,10 @@ from sgjit.errors import KernelError
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile, device_profile
 from sgjit.kernels.cuda.module import cupy_module
+from sgjit.kernels.grouped_moe import moe_experts_grouped
 from sgjit.kernels.guard import GuardedOp
 from sgjit.kernels.ops import OpTable
-from sgjit.kernels.registry import CUDA, FUSED_OPS, variant
+from sgjit.kernels.registry import CUDA, FUSED_OPS, GROUPED_MM, REFERENCE, variant
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import KernelSet, ModelShapes, Workload
 
@@ -30,6 +31,8 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
     """The kernel callables for one op, keyed by op name (the norm kernels serve two ops)."""
     from sgjit.kernels.cuda import activation, attention, gemv, norm, rope, sampling
 
+    if ks[op].variant == GROUPED_MM:
+        return {op: moe_experts_grouped}
     if op in ("sample", "apply_bitmask"):  # logits are float32 whatever the model dtype
         k = sampling.Sampling(profile.sm_count)
         return {"sample": k.sample, "apply_bitmask": k.apply_bitmask}
@@ -91,17 +94,23 @@ def _fused_ops(
 
 
 def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet) -> OpTable:
-    """REFERENCE_OPS with every op the kernel set puts on CUDA replaced by its guarded kernel; the
+    """REFERENCE_OPS with every op the kernel set puts on a kernel replaced by its guarded kernel; the
     fused decode ops fall back to the unfused ops of this table."""
     built: dict[str, Callable] = {}
+    cupy_ok = True
     if any(c.variant == CUDA for c in kernel_set.choices.values()):
         try:
             cupy_module()
-        except KernelError as e:
+        except KernelError as e:  # the CuPy kernels stay on torch; torch-built variants still serve
             log.warning("%s", e)
-            return reference.REFERENCE_OPS
+            cupy_ok = False
     for op, choice in kernel_set.choices.items():
-        if choice.variant != CUDA or op in built or op in FUSED_OPS:
+        if (
+            choice.variant == REFERENCE
+            or (choice.variant == CUDA and not cupy_ok)
+            or op in built
+            or op in FUSED_OPS
+        ):
             continue
         try:
             fns = _cuda_ops(op, profile, shapes, kernel_set)
@@ -109,8 +118,9 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
             log.warning("kernel for op %s unavailable (%s); op %s uses the torch reference", op, e, op)
             continue
         for name, fn in fns.items():
-            if kernel_set[name].variant == CUDA:
-                label = f"{variant(name, CUDA).family}.cu:{name}"
+            v = variant(name, kernel_set[name].variant)
+            if v.name != REFERENCE:
+                label = f"{v.family}.cu:{name}" if v.family else f"torch {v.name}:{name}"
                 built[name] = GuardedOp(name, label, fn, getattr(reference, name))
     unfused = reference.REFERENCE_OPS.with_overrides(**built)
     return unfused.with_overrides(**_fused_ops(profile, shapes, kernel_set, unfused))

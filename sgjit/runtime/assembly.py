@@ -18,6 +18,7 @@ from sgjit.kernels.fp8 import Fp8Weight, scaled_mm_available
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.quant import int4_available
 from sgjit.kernels.reference import REFERENCE_OPS
+from sgjit.kernels.registry import REFERENCE
 from sgjit.kernels.spec import KernelSet, Workload
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.cuda_graph import DecodeGraphs
@@ -122,6 +123,12 @@ def _ops(
             "(or cuda_kernels=True); on CPU, or with the torch reference ops, leave it off",
             "deterministic",
         )
+    if cfg.deterministic and mc.moe is not None:
+        raise InvalidRequestError(
+            "deterministic inference does not cover mixture-of-experts models yet (their grouped expert "
+            "GEMMs are not batch-invariant); leave it off for this model",
+            "deterministic",
+        )
     if device.type == "cpu":
         return cpu_ops(dtype), None
     if not cfg.use_cuda_kernels or mc.deepseek_v4 is not None:
@@ -171,6 +178,17 @@ def _fp8_weights(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype, c
     )  # fmt: skip
 
 
+def _graph_capturable(mc: ModelConfig, kernel_set: KernelSet | None) -> bool:
+    """Whether decode steps can be captured: an MoE model's experts on the torch reference op read
+    their token counts on the host every step, which a graph cannot replay, so its steps then run
+    eagerly (same buckets, no graphs)."""
+    if mc.moe is None or (kernel_set is not None and kernel_set["moe_experts"].variant != REFERENCE):
+        return True
+    why = kernel_set["moe_experts"].reason if kernel_set is not None else "the CUDA kernels are off"
+    log.warning("MoE experts run on the torch reference op (%s): decode steps run without CUDA graphs", why)
+    return False
+
+
 def assemble(cfg: RuntimeConfig) -> Assembly:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -196,7 +214,7 @@ def assemble(cfg: RuntimeConfig) -> Assembly:
         # the static-shape decode path (batch buckets, multi-step); captured unless CUDA graphs are off
         graphs = DecodeGraphs(
             model, pool, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step, eos_token_ids=eos,
-            capture=cfg.use_cuda_graph,
+            capture=cfg.use_cuda_graph and _graph_capturable(mc, kernel_set),
         )  # fmt: skip
     parts = EngineParts(
         runner=ModelRunner(model, pool, graphs),

@@ -17,6 +17,7 @@ from sgjit.errors import KernelError
 from sgjit.kernels import reference, table
 from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.cuda import module
+from sgjit.kernels.grouped_moe import moe_experts_grouped
 from sgjit.kernels.guard import GuardedOp
 from sgjit.kernels.registry import FUSED_OPS
 from sgjit.kernels.selector import KernelSelector
@@ -160,7 +161,7 @@ def test_missing_cupy_keeps_reference_ops(monkeypatch, caplog):
     monkeypatch.setenv("SGJIT_KERNELS", "auto")
     with caplog.at_level(logging.WARNING):
         ops = table.build_ops(H200, _shapes(), KernelSelector().select(H200, _shapes()))
-    assert ops is reference.REFERENCE_OPS
+    assert ops == reference.REFERENCE_OPS
     assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1
 
 
@@ -186,3 +187,18 @@ def test_importing_sgjit_does_not_import_cupy():
         "import sys, sgjit, sgjit.kernels.table, sgjit.kernels.nvcc_check; assert 'cupy' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_cupy_keeps_the_grouped_moe_op(monkeypatch):
+    """The grouped MoE op is torch's own: it serves without CuPy, guarded like a kernel."""
+
+    def no_cupy():
+        raise KernelError("CuPy is not installed")
+
+    monkeypatch.setattr(table, "cupy_module", no_cupy)
+    monkeypatch.setenv("SGJIT_KERNELS", "auto")
+    moe = ModelShapes.from_config(shape_config("qwen3-30b-a3b"), torch.bfloat16, torch.bfloat16, 16)
+    ops = table.build_ops(H200, moe, KernelSelector().select(H200, moe))
+    assert isinstance(ops.moe_experts, GuardedOp) and ops.moe_experts.fn is moe_experts_grouped
+    assert ops.moe_experts.kernel == "torch grouped_mm:moe_experts"
+    assert ops.attention is reference.attention

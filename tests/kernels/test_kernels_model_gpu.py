@@ -1,5 +1,6 @@
 """The whole model with the CUDA kernels against the same model on the torch reference ops, on
-random weights of real shapes (Llama-3-8B, SmolLM2-135M). One weight set; the oracle is the same
+random weights of real shapes (Llama-3-8B, SmolLM2-135M, and a few layers of the MoE models
+Qwen3-30B-A3B, Mixtral-8x7B, Qwen1.5-MoE-A2.7B, whose experts run as grouped GEMMs). One weight set; the oracle is the same
 weights run in float32 on the reference ops, and "bf16 noise" is how far the torch bf16 reference
 itself lands from that oracle: the kernels must land no further than twice that, at prefill (a
 ragged batch) and over 64 greedy decode steps. The steps run on the kernels' own tokens, the two
@@ -93,9 +94,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-@pytest.mark.parametrize("shape", ["llama3-8b", "smollm2-135m"])
+@pytest.mark.parametrize(
+    "shape", ["llama3-8b", "smollm2-135m", "qwen3-30b-a3b:4", "mixtral-8x7b:2", "qwen1.5-moe-a2.7b:4"]
+)
 def test_model_kernels_match_reference(shape):
-    cfg = shape_config(shape)
+    name, _, layers = shape.partition(":")
+    cfg = shape_config(name, int(layers) if layers else None)
     weights = random_weights(cfg, seed=1, device=DEV, dtype=torch.bfloat16)
     exact = {k: v.float() for k, v in weights.items()}  # the same weights, computed in float32
     max_tokens = max(PROMPT_LENS) + STEPS + 1
@@ -104,6 +108,8 @@ def test_model_kernels_match_reference(shape):
     workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
     ops, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)  # what Runtime calls
     kernel_ops = ("attention", "rope_store_kv", "add_rmsnorm", "silu_mul", "sample")
+    if cfg.moe is not None and torch.cuda.get_device_capability()[0] in (9, 10):
+        kernel_ops += ("moe_experts",)  # torch's grouped GEMM, on the parts it is built for
     assert all(type(getattr(ops, op)).__name__ == "GuardedOp" for op in kernel_ops)
     jit = Side(model, ops, cfg, max_tokens)
     ref = Side(model, REFERENCE_OPS, cfg, max_tokens)

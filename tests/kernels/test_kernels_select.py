@@ -4,6 +4,7 @@ SGJIT_KERNELS overrides, and autotuning's store — all on the CPU."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,24 @@ def test_unverified_kernels_are_not_offered_by_default(monkeypatch):
     ks = KernelSelector().select(PROFILES["H200"], shapes())["attention"]
     assert ks.tunables["stream_decode"] is None and "prefill_sm90" not in ks.tunables
     assert "SGJIT_UNVERIFIED_KERNELS" in ks.reason
+
+
+def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
+    """torch's grouped GEMM runs without the host on sm_90/sm_100 in bf16: there the selector takes
+    it; elsewhere (A100, fp16, a dense model, widths off 16 bytes) the reference op serves."""
+    moe = shapes("qwen3-30b-a3b")
+    assert (moe.experts, moe.expert_intermediate) == (128, 768)
+    h200 = KernelSelector().select(PROFILES["H200"], moe)["moe_experts"]
+    assert h200.variant == "grouped_mm", h200.reason
+    a100 = KernelSelector().select(PROFILES["A100-SXM4-80GB"], moe)["moe_experts"]
+    assert a100.variant == "reference" and "compute capability >= 9.0" in a100.reason
+    fp16 = KernelSelector().select(PROFILES["H200"], shapes("qwen3-30b-a3b", dtype=torch.float16))
+    assert fp16["moe_experts"].variant == "reference" and "float16" in fp16["moe_experts"].reason
+    dense = KernelSelector().select(PROFILES["H200"], shapes())["moe_experts"]
+    assert dense.variant == "reference" and "dense model" in dense.reason
+    odd = KernelSelector().select(PROFILES["H200"], replace(moe, expert_intermediate=100))["moe_experts"]
+    assert odd.variant == "reference" and "multiples of 8" in odd.reason
+    monkeypatch.setenv("SGJIT_KERNELS", "cuda")  # the CUDA kernels forced; the grouped GEMM still chosen
+    assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "grouped_mm"
+    monkeypatch.setenv("SGJIT_KERNELS", "moe_experts=reference")
+    assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "reference"

@@ -5,16 +5,11 @@ drain's time limit, in-process."""
 from __future__ import annotations
 
 import json
-import os
-import queue
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,9 +17,8 @@ import pytest
 from sgjit.cli import main as cli_main
 
 from conftest import assert_no_leaked_pages
-from server_harness import LiveServer, wait_idle
+from server_harness import LiveServer, ServeProcess, wait_idle
 
-REPO = Path(__file__).resolve().parents[2]
 FLAGS = [
     "--model", "--enable-jit", "--host", "--port", "--device", "--dtype", "--tp", "--mem-fraction-static",
     "--max-model-len", "--max-running-requests", "--chunked-prefill-size", "--jit-cache-limit",
@@ -70,42 +64,19 @@ def test_serve_exits_1_when_the_model_does_not_load(tmp_path, caplog):
     assert "could not load the model" in caplog.text and "not a GGUF file" in caplog.text
 
 
-def _lines(stream, out: queue.Queue) -> None:
-    for line in stream:
-        out.put(line)
-
-
-def _wait_for(lines: queue.Queue, pattern: str, log: list[str], timeout: float = 180) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        log.append(line)
-        if m := re.search(pattern, line):
-            return m
-    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(log)}")
-
-
 def test_serve_process_start_ready_line_and_sigterm_drain():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sgjit.cli", "serve", "--device", "cpu", "--port", "0", "--max-total-tokens",
-         "2048", "--served-model-name", "tiny", "--drain-timeout", "120"],
-        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+    serve = ServeProcess(
+        "--device", "cpu", "--port", "0", "--max-total-tokens", "2048", "--served-model-name", "tiny",
+        "--drain-timeout", "120",
     )  # fmt: skip
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
-    log: list[str] = []
     try:
-        url = _wait_for(lines, r"(http://127\.0\.0\.1:\d+)/health answers 503", log).group(1)
+        url = serve.wait_for(r"(http://127\.0\.0\.1:\d+)/health answers 503").group(1)
         starting = httpx.get(url + "/health")
         assert starting.status_code == 503 and starting.json()["error"]["code"] == "starting"
-        ready = _wait_for(lines, r"sgjit ready at ", log).string
+        ready = serve.wait_for(r"sgjit ready at ").string
         for part in (url, "model tiny", "device cpu", "arch cpu", "JIT off", "KV cache 2048 tokens"):
             assert part in ready, ready
-        assert sum("sgjit ready" in line for line in log) == 1
+        assert sum("sgjit ready" in line for line in serve.log) == 1
         assert httpx.get(url + "/health").status_code == 200
 
         events: list[str] = []
@@ -125,18 +96,17 @@ def test_serve_process_start_ready_line_and_sigterm_drain():
         client.start()
         while len(events) < 2:
             time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        _wait_for(lines, r"SIGTERM: draining 1 request", log)
+        serve.proc.send_signal(signal.SIGTERM)
+        serve.wait_for(r"SIGTERM: draining 1 request")
         draining = httpx.get(url + "/health")
         assert draining.status_code == 503 and draining.json()["error"]["code"] == "draining"
         client.join(timeout=120)
         assert events[-1] == "data: [DONE]"
         chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert proc.wait(timeout=60) == 0
+        assert serve.proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        serve.kill()
 
 
 def test_drain_timeout_aborts_what_is_still_running(runtime):

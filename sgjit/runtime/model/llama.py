@@ -1,7 +1,8 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) in torch. Every op goes through
-the ops table; the weights are fused at load (q|k|v and gate|up) so a layer is four GEMMs, and a
-decode step runs them as the table's fused ops (norm, RoPE, activation and residual adds inside the
-GEMMs) where it has them."""
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, and the MoE families Mixtral,
+Qwen2-MoE, Qwen3-MoE) in torch. Every op goes through the ops table; the weights are fused at load
+(q|k|v and gate|up) so a dense layer is four GEMMs. A layer's feed-forward is a dense MLP (mlp.py)
+or a sparse MoE block (moe.py); attention is the same in all. A decode step runs a dense layer as
+the table's fused ops (norm, RoPE, activation and residual adds inside the GEMMs) where it has them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from sgjit.kernels.ops import LayerKV, OpTable
 from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.model.config import ModelConfig
+from sgjit.runtime.model.mlp import DenseMLP
+from sgjit.runtime.model.moe import FeedForward, load_feed_forward
 from sgjit.runtime.model.rope import cos_sin_table
 
 
@@ -28,8 +31,7 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     o_proj: Any
     ffn_norm: torch.Tensor
-    gate_up: Any  # [2 intermediate, hidden]
-    down: Any
+    mlp: FeedForward
 
 
 class LlamaModel:
@@ -83,8 +85,7 @@ class LlamaModel:
             k_norm=take(f"{p}self_attn.k_norm.weight") if cfg.qk_norm else None,
             o_proj=prep(take.layer_gemm(f"{p}self_attn.o_proj.weight")),
             ffn_norm=take(f"{p}post_attention_layernorm.weight"),
-            gate_up=prep(take.stack([take.layer_gemm(f"{p}mlp.{n}_proj.weight") for n in ("gate", "up")])),
-            down=prep(take.layer_gemm(f"{p}mlp.down_proj.weight")),
+            mlp=load_feed_forward(take, cfg, i, prep),
         )
 
     @torch.inference_mode()
@@ -110,7 +111,7 @@ class LlamaModel:
             attn = ops.attention(q, kv, batch.attn, self.scale)
             hidden = ops.linear(attn.reshape(batch.num_tokens, self.config.q_size), layer.o_proj, None)
             x, residual = ops.add_rmsnorm(hidden, residual, layer.ffn_norm, eps)
-            hidden = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up, None)), layer.down, None)
+            hidden = layer.mlp(ops, x)
         x, _ = ops.add_rmsnorm(hidden, residual, self.final_norm, eps)
         x = x[batch.logits_indices]
         return ops.linear(x, self.lm_head, None).float()
@@ -134,8 +135,10 @@ class LlamaModel:
             q = self._rope(qkv, layer, cos_sin, kv, batch)
         attn = ops.attention(q, kv, batch.attn, self.scale)
         residual = ops.linear_residual(attn.reshape(batch.num_tokens, cfg.q_size), layer.o_proj, residual)
-        act = ops.rmsnorm_gate_up_silu(residual, layer.ffn_norm, eps, layer.gate_up)
-        return ops.linear_residual(act, layer.down, residual)
+        if not isinstance(layer.mlp, DenseMLP):  # a sparse block: its router and experts, unfused
+            return layer.mlp(ops, ops.rmsnorm(residual, layer.ffn_norm, eps)) + residual
+        act = ops.rmsnorm_gate_up_silu(residual, layer.ffn_norm, eps, layer.mlp.gate_up)
+        return ops.linear_residual(act, layer.mlp.down, residual)
 
     def _rope(
         self, qkv: torch.Tensor, layer: LayerWeights, cos_sin: torch.Tensor, kv: LayerKV, batch: ForwardBatch
