@@ -12,7 +12,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_hf_dirs import make_model_dir
+from test_hf_dirs import ARCHS
+from tiny_hf import save_tiny_hf
 
 import sgjit
 from sgjit.errors import ModelFormatError
@@ -39,7 +40,9 @@ def _fp8_dir(tmp_path, runtime, layout: str):
     """The tiny Llama's directory with FP8 layer weights; the transformers model gets the dequantized
     values of exactly what was written (for block scales: after sgjit's per-channel re-quantization,
     which is what its loader computes on)."""
-    path, hf = make_model_dir(tmp_path, "llama3", runtime.tokenizer.backend)
+    cls_name, extra = ARCHS["llama3"]
+    path = tmp_path / "llama3"
+    hf = save_tiny_hf(path, cls_name, runtime.tokenizer.backend, **extra)
     (st,) = path.glob("*.safetensors")
     tensors = load_file(str(st))
     state = hf.state_dict()
