@@ -21,6 +21,13 @@ class EnvSettings:
     # "1": on a CPU, decode steps take the bucketed static-shape path that CUDA graphs capture, run
     # uncaptured (as --no-cuda-graph runs it on a GPU): the graph path checked where there is no GPU
     eager_decode_graphs: bool
+    # Debug builds of the sm_90 prefill kernel: a barrier wait longer than this many ms traps
+    # (attention_sm90.cu's watchdog) instead of hanging; 0 builds the kernel without it.
+    sm90_watchdog_ms: int
+    # Kernels written but not yet seen passing their GPU tests (the sm_90 prefill, the streaming
+    # decode): the selector offers them only when this is on, so a GPU runs the verified kernels
+    # by default while these are being checked (SGJIT_UNVERIFIED_KERNELS=1).
+    unverified_kernels: bool
 
     @classmethod
     def read(cls) -> EnvSettings:
@@ -29,6 +36,8 @@ class EnvSettings:
             kernels=_env("KERNELS", "auto"),
             tp_timeout_s=float(_env("TP_TIMEOUT", "180")),
             eager_decode_graphs=_env("EAGER_DECODE_GRAPHS", "0") == "1",
+            sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),
+            unverified_kernels=_env("UNVERIFIED_KERNELS", "0") == "1",
         )
 
 

@@ -20,6 +20,7 @@ from sgjit.kernels.fp8 import Fp8Weight, scaled_mm_available
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.quant import int4_available
 from sgjit.kernels.reference import REFERENCE_OPS
+from sgjit.kernels.registry import REFERENCE
 from sgjit.kernels.spec import KernelSet, Workload
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.cuda_graph import DecodeGraphs
@@ -29,6 +30,8 @@ from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import Checkpoint, load_checkpoint
 from sgjit.runtime.model.config import ModelConfig
+from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
+from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model_runner import ModelRunner
 from sgjit.runtime.parallel.comm import ModelComm
@@ -53,11 +56,11 @@ class ModelParts:
     model_config: ModelConfig
     model_path: Path
     tokenizer: Tokenizer
-    pool: PagedKVPool
+    pool: PagedKVPool | DeepseekV4KVPool
     max_model_len: int
     ops: OpTable
     kernel_set: KernelSet | None
-    model: LlamaModel
+    model: LlamaModel | DeepseekV4Model
     graphs: DecodeGraphs | None
     eos_token_ids: tuple[int, ...]
 
@@ -69,23 +72,32 @@ class Assembly:
     model_config: ModelConfig
     model_path: Path
     tokenizer: Tokenizer
-    pool: PagedKVPool
+    pool: PagedKVPool | DeepseekV4KVPool
     max_model_len: int
     ops: OpTable
     kernel_set: KernelSet | None  # the selector's choices, when the CUDA kernels are on
-    model: LlamaModel
+    model: LlamaModel | DeepseekV4Model
     grammars: GrammarCompiler
     parts: EngineParts
 
 
 def _pool(
-    cfg: RuntimeConfig, mc: ModelConfig, params: int, device: torch.device, dtype: torch.dtype, tp: TPGroup
-) -> PagedKVPool:
-    """`mc`: the rank's share of the model (its KV heads), `params` the weights it holds; the ranks
-    take the smallest of their page counts, so one page table serves them all."""
-    weight_bytes = params * torch.empty(0, dtype=dtype).element_size()
+    cfg: RuntimeConfig,
+    ckpt: Checkpoint,
+    plan: ShardPlan,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TPGroup,
+) -> PagedKVPool | DeepseekV4KVPool:
+    """Sized for this rank's share of the model (`plan`: its weights and KV heads); the ranks take the
+    smallest of their page counts, so one page table serves them all."""
+    mc = plan.local_config(ckpt.config)
+    weight_bytes = plan.num_params(ckpt.config) * torch.empty(0, dtype=dtype).element_size()
     kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8_e4m3" else dtype
-    per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+    if mc.deepseek_v4 is not None:
+        per_token = DeepseekV4KVPool.bytes_per_token_for(mc.deepseek_v4, mc.head_dim, cfg.page_size, dtype)
+    else:
+        per_token = PagedKVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
     tokens = cfg.max_total_tokens or kv_budget_tokens(
         device, per_token, weight_bytes, cfg.mem_fraction_static,
         activation_reserve=cfg.chunked_prefill_size * mc.vocab_size * 4 + (1 << 30),
@@ -95,9 +107,38 @@ def _pool(
         raise SgjitError(
             f"no memory left for the KV cache ({tokens} tokens); use a smaller model or raise mem_fraction_static"
         )
+    if mc.deepseek_v4 is not None:
+        return DeepseekV4KVPool(mc.deepseek_v4, mc.head_dim, num_pages, cfg.page_size, dtype, device)
+    if ckpt.kv_scales is not None and kv_dtype != torch.float8_e4m3fn:
+        log.info(
+            "the checkpoint's FP8 KV cache scales are unused: the KV cache is %s (kv_cache_dtype)", kv_dtype
+        )
+    elif ckpt.kv_scales is None and kv_dtype == torch.float8_e4m3fn:
+        log.warning(
+            "fp8 KV cache without scales from the checkpoint: K and V are stored unscaled (scale 1.0)"
+        )
     return PagedKVPool(
-        mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, device
-    )
+        mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim, kv_dtype, device, ckpt.kv_scales
+    )  # fmt: skip
+
+
+def _deepseek_v4_checks(cfg: RuntimeConfig, device: torch.device) -> None:
+    """What DeepSeek-V4 runs on today: the torch ops (its attention, compressors and indexer have no
+    CUDA kernels yet), eager steps, dequantized weights, a KV cache in the compute dtype."""
+    for ok, param, what in (
+        (cfg.kv_cache_dtype == "auto", "kv_cache_dtype", "an fp8 KV cache"),
+        (cfg.quantization in ("auto", "none"), "quantization", f"quantization {cfg.quantization!r}"),
+        (not cfg.deterministic, "deterministic", "deterministic inference"),
+    ):
+        if not ok:
+            raise InvalidRequestError(
+                f"DeepSeek-V4 does not support {what} yet; leave {param} at its default", param
+            )
+    if device.type == "cuda" and (cfg.use_cuda_kernels or cfg.use_cuda_graph):
+        log.warning(
+            "DeepSeek-V4 runs on the torch reference ops without CUDA graphs: sgjit's CUDA kernels and decode "
+            "graphs do not cover its attention yet"
+        )
 
 
 def _ops(
@@ -114,9 +155,15 @@ def _ops(
             "(or cuda_kernels=True); on CPU, or with the torch reference ops, leave it off",
             "deterministic",
         )
+    if cfg.deterministic and mc.moe is not None:
+        raise InvalidRequestError(
+            "deterministic inference does not cover mixture-of-experts models yet (their grouped expert "
+            "GEMMs are not batch-invariant); leave it off for this model",
+            "deterministic",
+        )
     if device.type == "cpu":
         return cpu_ops(dtype), None
-    if not cfg.use_cuda_kernels:
+    if not cfg.use_cuda_kernels or mc.deepseek_v4 is not None:
         return REFERENCE_OPS, None
     from sgjit.kernels.table import cuda_op_table  # CuPy and NVRTC only when the kernels are on
 
@@ -163,6 +210,17 @@ def _fp8_weights(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype, c
     )  # fmt: skip
 
 
+def _graph_capturable(mc: ModelConfig, kernel_set: KernelSet | None) -> bool:
+    """Whether decode steps can be captured: an MoE model's experts on the torch reference op read
+    their token counts on the host every step, which a graph cannot replay, so its steps then run
+    eagerly (same buckets, no graphs)."""
+    if mc.moe is None or (kernel_set is not None and kernel_set["moe_experts"].variant != REFERENCE):
+        return True
+    why = kernel_set["moe_experts"].reason if kernel_set is not None else "the CUDA kernels are off"
+    log.warning("MoE experts run on the torch reference op (%s): decode steps run without CUDA graphs", why)
+    return False
+
+
 def build_model(cfg: RuntimeConfig, tp: TPGroup) -> ModelParts:
     """This rank's device, share of the model, KV pool, op table and decode graphs."""
     device = rank_device(cfg.device, tp.local_rank)
@@ -172,6 +230,8 @@ def build_model(cfg: RuntimeConfig, tp: TPGroup) -> ModelParts:
         torch.set_num_threads(threads)
     ckpt = load_checkpoint(cfg.model, device, dtype, keep_quantized=_keeps_quantized(cfg, device, dtype))
     mc, tokenizer = ckpt.config, ckpt.tokenizer
+    if mc.deepseek_v4 is not None:
+        _deepseek_v4_checks(cfg, device)
     plan = ShardPlan.of(mc, tp.size, tp.rank)
     local = plan.local_config(mc)
     weights = ckpt.weights if tp.size == 1 else shard_weights(ckpt.weights, mc, plan)
@@ -181,22 +241,26 @@ def build_model(cfg: RuntimeConfig, tp: TPGroup) -> ModelParts:
             "busiest rank sets the pace)",
             mc.num_heads, mc.num_kv_heads, tp.size, query_heads_per_rank(mc, tp.size),
         )  # fmt: skip
-    pool = _pool(cfg, local, plan.num_params(mc), device, dtype, tp)
+    pool = _pool(cfg, ckpt, plan, device, dtype, tp)
     max_model_len = min(cfg.max_model_len or mc.max_position_embeddings, pool.capacity_tokens)
     ops, kernel_set = _ops(cfg, local, device, dtype, pool, max_model_len)
-    model = LlamaModel(
-        local, weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
-        rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
-        comm=ModelComm(tp, plan.vocab.start, mc.vocab_size),
-    )  # fmt: skip
+    if mc.deepseek_v4 is not None:
+        model: LlamaModel | DeepseekV4Model = DeepseekV4Model(mc, weights, ops, device, dtype)
+    else:
+        model = LlamaModel(
+            local, weights, ops, device, dtype, max_positions=max(max_model_len, mc.max_position_embeddings),
+            rope_freq_factors=ckpt.rope_freq_factors, fp8_weights=_fp8_weights(cfg, device, dtype, ckpt),
+            comm=ModelComm(tp, plan.vocab.start, mc.vocab_size),
+        )  # fmt: skip
     eos = mc.eos_token_ids or tokenizer.eos_token_ids
     graphs = None
     eager_graphs = device.type == "cpu" and env().eager_decode_graphs
-    if (device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph)) or eager_graphs:
+    wants_graphs = (device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph)) or eager_graphs
+    if wants_graphs and isinstance(model, LlamaModel):
         # the static-shape decode path (batch buckets, multi-step); captured unless CUDA graphs are off
         graphs = DecodeGraphs(
             model, pool, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step, eos_token_ids=eos,
-            capture=cfg.use_cuda_graph and not eager_graphs,
+            capture=cfg.use_cuda_graph and not eager_graphs and _graph_capturable(mc, kernel_set),
         )  # fmt: skip
     return ModelParts(
         device=device, dtype=dtype, model_config=mc, model_path=ckpt.path, tokenizer=tokenizer, pool=pool,

@@ -11,6 +11,8 @@ import torch
 from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.forward_batch import DecodeRows, HostBatch, MultiStep
 from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
+from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.parallel.step import StepChannel, StepKind
 from sgjit.runtime.sampler import RowSampling
@@ -35,8 +37,8 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaModel,
-        pool: PagedKVPool,
+        model: LlamaModel | DeepseekV4Model,
+        pool: PagedKVPool | DeepseekV4KVPool,
         graphs: DecodeGraphs | None = None,
         channel: StepChannel | None = None,
     ) -> None:

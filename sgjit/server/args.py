@@ -136,7 +136,7 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "engine step (longer prompts are prefilled in chunks)"}),
     ("--jit-cache-limit", "jit_cache_limit", {"type": int, "help": "compiled plans kept (LRU)"}),
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
-     "auto (the compute dtype) or fp8_e4m3"}),
+     "auto (the compute dtype) or fp8_e4m3 (with the checkpoint's per-layer k/v scales when it has them)"}),
     ("--quantization", "quantization", {"choices": ("auto", "gguf", "fp8", "none"), "help": "gguf: a GGUF "
      "file's 4/8-bit GEMM weights stay packed and the CPU computes on them (experimental: faster, less "
      "exact, not batch-invariant); fp8: the layers' weights in FP8 e4m3 with per-channel scales "

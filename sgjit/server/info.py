@@ -100,6 +100,7 @@ def model_info(state: ServerState) -> dict[str, Any]:
         "dtype": dtype_name(rt.dtype),
         "device": str(rt.device),
         "num_params": mc.num_params(),
+        "active_params": mc.active_params(),  # a token's share: less than num_params for MoE models
         "weight_bytes": mc.num_params() * torch.empty(0, dtype=rt.dtype).element_size(),
         "kv_bytes_per_token": rt.pool.bytes_per_token,
     }

@@ -17,6 +17,11 @@ class ModelComm:
     vocab_start: int = 0  # the first vocabulary row this rank holds
     vocab_size: int = 0  # the whole vocabulary: gathered logits are cut to it (the rest is padding)
 
+    @property
+    def parallel(self) -> bool:
+        """More than one rank (the model then runs the unfused ops: see LlamaModel.forward)."""
+        return self.group.size > 1
+
     def embed(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows for `ids`: each rank looks up the ids in its vocabulary rows and zeroes the
         rest, and the all-reduce adds the one real row to zeros (exact)."""

@@ -75,6 +75,11 @@ class ShardPlan:
     @classmethod
     def of(cls, config: ModelConfig, size: int, rank: int) -> ShardPlan:
         hq, hkv = config.num_heads, config.num_kv_heads
+        if size > 1 and (config.moe is not None or config.deepseek_v4 is not None):
+            raise UnsupportedModelError(
+                f"tensor parallelism splits dense Llama-family models; {config.name or 'this model'} has "
+                "mixture-of-experts layers, which are not split yet: serve it with tp=1"
+            )
         if size not in tp_sizes_that_fit(hq, hkv):
             raise UnsupportedModelError(
                 f"tp={size} cannot split {config.name or 'this model'}'s {hq} query / {hkv} KV heads: each "
