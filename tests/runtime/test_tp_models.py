@@ -1,13 +1,13 @@
 """Tensor parallelism on tiny random models (two CPU processes against one): a vocabulary that does
 not divide by the ranks (padded rows), one KV head for four query heads (replicated on both
-ranks), Qwen2's q/k/v biases and Qwen3's per-head q/k norms; and a tp the heads cannot take is
-refused with the ones that work, leaving no process behind."""
+ranks), Qwen2's q/k/v biases and Qwen3's per-head q/k norms; and a tp the heads cannot take, or an
+MoE model (its experts are not split yet), is refused, leaving no process behind."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_hf_dirs import make_model_dir
+from tiny_hf import MOE_ARCHS, save_tiny_hf
 
 import sgjit
 from sgjit.errors import UnsupportedModelError
@@ -62,10 +62,22 @@ def test_tiny_llama_matches_one_process(tmp_path, variant):
     same_as_one_process(str(write_tiny_gguf(tmp_path / f"{variant}.gguf", model)))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_qwen_bias_and_qk_norm_match_one_process(tmp_path, runtime, arch):
-    path, _ = make_model_dir(tmp_path, arch, runtime.tokenizer.backend)
-    same_as_one_process(str(path))
+@pytest.mark.parametrize(
+    "config_class,extra",
+    [("Qwen2Config", dict(tie_word_embeddings=True)), ("Qwen3Config", dict(head_dim=24))],
+    ids=["qwen2-bias", "qwen3-qk-norm"],
+)
+def test_qwen_bias_and_qk_norm_match_one_process(tmp_path, runtime, config_class, extra):
+    save_tiny_hf(tmp_path / "m", config_class, runtime.tokenizer.backend, **extra)
+    same_as_one_process(str(tmp_path / "m"))
+
+
+def test_an_moe_model_is_refused_with_tp(tmp_path, runtime):
+    config_class, extra = MOE_ARCHS["mixtral"]
+    save_tiny_hf(tmp_path / "moe", config_class, runtime.tokenizer.backend, **extra)
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts layers, which are not split yet"):
+        sgjit.Runtime(str(tmp_path / "moe"), device="cpu", max_total_tokens=512, tp=2)
+    assert not tp_rank_pids()
 
 
 def test_a_tp_the_heads_cannot_take_is_refused_and_leaves_no_process(tmp_path):
