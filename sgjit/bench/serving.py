@@ -139,7 +139,7 @@ async def server_roofline(
     if ceilings.gemm_tflops:
         # The whole run's bound: every prompt token's GEMM FLOPs at the GEMM peak, plus the decode
         # steps at the bandwidth bound (output tok/s counts the prefill time too).
-        prefill_s = 2 * info["num_params"] * input_len / (ceilings.gemm_tflops * 1e12)
+        prefill_s = 2 * info["active_params"] * input_len / (ceilings.gemm_tflops * 1e12)
         out["roofline_tok_s"] = output_len / (prefill_s + output_len / roof)
     return out
 

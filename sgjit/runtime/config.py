@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from sgjit.errors import InvalidRequestError
+from sgjit.settings import env
 
 
 @dataclass(slots=True)
@@ -41,14 +42,19 @@ class RuntimeConfig:
     cuda_graph_max_bs: int = 256
     multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
     # launch step N+1 while step N runs on the device, reading step N's tokens there; None = on a GPU
+    # with tp = 1 (the other tensor-parallel ranks need every step's tokens from rank 0's host)
     overlap_schedule: bool | None = None
     # the bucketed decode path (static buffers, batch and context buckets, multi-step launches that
-    # pick tokens on the device): None = on a GPU with the JIT or CUDA graphs; True on the CPU runs
-    # it eagerly, for tests and for measuring the engine's host time per step there
+    # pick tokens on the device): None = on a GPU with the JIT or CUDA graphs, on a CPU when
+    # SGJIT_EAGER_DECODE_GRAPHS=1; True on the CPU runs it eagerly, for tests and for measuring the
+    # engine's host time per step there
     bucketed_decode: bool | None = None
     deterministic: bool = False  # GPU + CUDA kernels: a request's tokens independent of its batch
     seed: int | None = None
-    num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+    num_threads: int | None = None  # CPU intra-op threads; None = torch's default (tp > 1: cores / ranks)
+    # tensor-parallel ranks: one process per GPU (on a CPU, per share of its cores), started by the
+    # runtime itself, or by torchrun (RANK/WORLD_SIZE set); docs/architecture.md
+    tp: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -73,6 +79,23 @@ class RuntimeConfig:
         )
         need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
         need(self.multi_step >= 1, "multi_step", "must be >= 1")
+        need(isinstance(self.tp, int) and self.tp >= 1, "tp", "must be an integer >= 1")
+        need(
+            self.tp == 1 or self.quantization != "gguf",
+            "quantization",
+            "(computing on packed GGUF blocks) runs on one CPU process; with tp > 1 use quantization 'auto'",
+        )
+        need(
+            self.tp == 1 or not self.overlap_schedule,
+            "overlap_schedule",
+            "cannot hold with tp > 1: the other ranks take each step's input tokens from rank 0's host, "
+            "which has not read them back yet when the next step is launched; leave it unset",
+        )
+        need(
+            self.tp == 1 or not self.deterministic,
+            "deterministic",
+            "cannot hold with tp > 1: the all-reduce's summation order changes with the batch size",
+        )
         need(
             self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
             "max_total_tokens",
@@ -99,10 +122,14 @@ class RuntimeConfig:
     def use_bucketed_decode(self, device_type: str) -> bool:
         if self.bucketed_decode is not None:
             return self.bucketed_decode
+        if device_type == "cpu":
+            return env().eager_decode_graphs
         return device_type == "cuda" and (self.enable_jit or self.use_cuda_graph)
 
     def use_overlap(self, device_type: str) -> bool:
-        return device_type == "cuda" if self.overlap_schedule is None else self.overlap_schedule
+        if self.overlap_schedule is None:
+            return device_type == "cuda" and self.tp == 1
+        return self.overlap_schedule
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> RuntimeConfig:

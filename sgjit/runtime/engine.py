@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sgjit.errors import RequestAbortedError, SgjitError
+from sgjit.errors import RequestAbortedError, SgjitError, TensorParallelError
 from sgjit.nvtx import nvtx_range
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.launch import InputLogprobs, Launch, LaunchFailed
@@ -155,7 +155,10 @@ class Engine:
             self._ready.set_exception(e)
             return
         self._ready.set_result(None)
-        self._loop()
+        try:
+            self._loop()
+        finally:
+            self.runner.close()  # tensor parallel: the other ranks leave their loops too
 
     def _has_work(self) -> bool:
         return self._inflight is not None or self.scheduler.has_work()
@@ -261,7 +264,9 @@ class Engine:
             raise LaunchFailed(batch.rows, e, multi=False) from e
 
     def _recover(self, f: LaunchFailed) -> None:
-        if f.multi:
+        if isinstance(f.error, TensorParallelError):  # the group is gone (and logged): no rerun can succeed
+            self._fail_rows(f.rows, f.error)
+        elif f.multi:
             # No token was handed out: the rows rerun as single steps, where only a request that
             # fails again ends. If none does, the fault is the multi-step path's: it is turned off.
             log.warning(
@@ -476,6 +481,10 @@ class Engine:
         count as computed (as when a single step ends a request)."""
         del req.tokens[last + 1 :]
         req.num_computed = min(req.num_computed, last)
+
+    def _fail_rows(self, rows: list[RowChunk], error: Exception) -> None:
+        for row in rows:
+            self._finish(row.req, FinishReason.abort(str(error)), error=error)
 
     def _fail_unschedulable(self) -> None:
         req = self.scheduler.waiting.popleft()

@@ -1,25 +1,26 @@
-"""Turns a scheduled batch into a `ForwardBatch` (flat token ids, positions, KV slots, page table)
-and runs the model on it. Inputs go to the device without waiting for it (`transfer.to_device`), and
-placeholder ids of tokens still on the device are resolved there (`TokenFutures`), so a step can be
-built and launched while the previous one runs."""
+"""Turns a scheduled batch into a step (`HostBatch`: flat token ids, positions, KV slots, pages; or
+`DecodeRows` for the decode-graph path) and runs the model on it. Inputs go to the device without
+waiting for it (`HostBatch.to_device`), and placeholder ids of tokens still on the device are
+resolved there (`TokenFutures`), so a step can be built and launched while the previous one runs."""
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from sgjit.kernels.ops import AttentionMetadata
 from sgjit.runtime.cuda_graph import DecodeGraphs
-from sgjit.runtime.forward_batch import ForwardBatch
+from sgjit.runtime.forward_batch import DecodeRows, HostBatch, MultiStep
 from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
+from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
 from sgjit.runtime.model.llama import LlamaModel
+from sgjit.runtime.parallel.step import StepChannel, StepKind
 from sgjit.runtime.sampler import RowSampling
 from sgjit.runtime.scheduler import RowChunk
-from sgjit.runtime.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -34,20 +35,32 @@ class StepLogits:
 
 
 class ModelRunner:
+    """Runs scheduled rows on the model. Each step reaches the device through one of three methods
+    (`run_batch`, `run_decode`, `run_multi`); under tensor parallelism rank 0's runner first sends the
+    step to the other ranks (`channel`), whose runners then call the same method with it. Placeholder
+    ids (overlap scheduling) never reach the other ranks: the overlap is off with tp > 1
+    (`RuntimeConfig.use_overlap`), since only rank 0 samples and holds the tokens they name."""
+
     def __init__(
-        self, model: LlamaModel, pool: PagedKVPool, futures: TokenFutures, graphs: DecodeGraphs | None = None
+        self,
+        model: LlamaModel | DeepseekV4Model,
+        pool: PagedKVPool | DeepseekV4KVPool,
+        futures: TokenFutures,
+        graphs: DecodeGraphs | None = None,
+        channel: StepChannel | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
         self.futures = futures
         self.graphs = graphs
+        self.channel = channel
         self._cpu = self.device.type == "cpu"
         self._compute_seconds = 0.0
 
     def build(
         self, rows: list[RowChunk]
-    ) -> tuple[ForwardBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
+    ) -> tuple[HostBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
         ps = self.pool.page_size
         ids: list[int] = []
         positions: list[int] = []
@@ -57,8 +70,6 @@ class ModelRunner:
         logits_idx: list[int] = []
         sample_index: dict[int, int] = {}
         prompt_index: dict[int, tuple[int, int, int]] = {}
-        max_pages = max(len(r.req.pages) for r in rows)
-        table = np.zeros((len(rows), max_pages), dtype=np.int32)
         for b, row in enumerate(rows):
             req, start, end = row.req, row.start, row.end
             base = len(ids)
@@ -69,7 +80,6 @@ class ModelRunner:
             slots.extend(pages[p // ps] * ps + p % ps for p in pos)
             qo_indptr.append(len(ids))
             kv_lens.append(end)
-            table[b, : len(pages)] = pages
             # Input logprob of prompt token t comes from the logits at position t - 1.
             first = max(start, req.next_input_logprob - 1, 0)
             last = min(end, req.prompt_len - 1)
@@ -79,39 +89,14 @@ class ModelRunner:
             if row.sample:
                 sample_index[b] = len(logits_idx)
                 logits_idx.append(base + end - 1 - start)
-        dev = self.device
-        page_table = torch.from_numpy(table)
-        meta = AttentionMetadata(
-            qo_indptr=to_device(qo_indptr, torch.int32, dev),
-            kv_lens=to_device(kv_lens, torch.int32, dev),
-            page_table=page_table if dev.type == "cpu" else page_table.to(dev, non_blocking=True),
-            page_size=ps,
-            max_q_len=max(qo_indptr[i + 1] - qo_indptr[i] for i in range(len(rows))),
-            max_kv_len=max(kv_lens),
-            qo_indptr_host=qo_indptr,
-            kv_lens_host=kv_lens,
-        )
-        input_ids = to_device(ids, torch.int64, dev)
-        if min(ids) < 0:  # tokens the step in flight is drawing
-            input_ids = self.futures.resolve(input_ids)
-        batch = ForwardBatch(
-            input_ids=input_ids,
-            positions=to_device(positions, torch.int64, dev),
-            slot_mapping=to_device(slots, torch.int64, dev),
-            attn=meta,
-            logits_indices=to_device(logits_idx, torch.int64, dev),
-        )
+        batch = HostBatch(ids, positions, slots, qo_indptr, kv_lens, [r.req.pages for r in rows], logits_idx)
         return batch, sample_index, prompt_index
 
     def forward(self, rows: list[RowChunk]) -> StepLogits:
         if self.graphs is not None and self._graphable(rows):
             return self._forward_graph(rows)
         batch, sample_index, prompt_index = self.build(rows)
-        t = time.perf_counter()
-        logits = self.model.forward(batch, self.pool.layers)
-        if self._cpu:
-            self._compute_seconds += time.perf_counter() - t
-        return StepLogits(logits, sample_index, prompt_index)
+        return StepLogits(self.run_batch(batch), sample_index, prompt_index)
 
     @property
     def cpu_compute_seconds(self) -> float:
@@ -129,12 +114,17 @@ class ModelRunner:
             return False
         return self.graphs.can_run(len(rows), max(r.end for r in rows))
 
-    def _forward_graph(self, rows: list[RowChunk]) -> StepLogits:
+    def _decode_rows(self, rows: list[RowChunk]) -> DecodeRows:
         ps = self.pool.page_size
-        tokens = [r.req.tokens[r.start] for r in rows]
-        positions = [r.start for r in rows]
-        slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
-        logits = self.graphs.run(tokens, positions, slots, [r.req.pages for r in rows])
+        return DecodeRows(
+            tokens=[r.req.tokens[r.start] for r in rows],
+            positions=[r.start for r in rows],
+            slots=[r.req.pages[r.start // ps] * ps + r.start % ps for r in rows],
+            page_rows=[r.req.pages for r in rows],
+        )
+
+    def _forward_graph(self, rows: list[RowChunk]) -> StepLogits:
+        logits = self.run_decode(self._decode_rows(rows))
         return StepLogits(logits, {b: b for b in range(len(rows))}, {})
 
     @property
@@ -161,10 +151,40 @@ class ModelRunner:
             len(rows), max(r.end for r in rows) + self.multi_steps
         ):
             return None
-        ps = self.pool.page_size
-        tokens = [r.req.tokens[r.start] for r in rows]
-        positions = [r.start for r in rows]
-        slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
-        return self.graphs.run_multi(
-            tokens, positions, slots, [r.req.pages for r in rows], budgets, stop_on_eos, sampling, generator
-        )
+        return self.run_multi(self._decode_rows(rows), MultiStep(budgets, stop_on_eos, sampling), generator)
+
+    # ----- the device steps: every rank of a tensor-parallel runtime runs each of these together -----
+    def run_batch(self, batch: HostBatch) -> torch.Tensor:
+        """Logits of one forward pass over `batch`."""
+        with self._on_every_rank(StepKind.FORWARD, batch):
+            fb = batch.to_device(self.device, self.pool.page_size)
+            if min(batch.input_ids) < 0:  # tokens the step in flight is drawing
+                fb.input_ids = self.futures.resolve(fb.input_ids)
+            t = time.perf_counter()
+            logits = self.model.forward(fb, self.pool.layers)
+            if self._cpu:
+                self._compute_seconds += time.perf_counter() - t
+            return logits
+
+    def run_decode(self, rows: DecodeRows) -> torch.Tensor:
+        """Logits of one step on the decode-graph path."""
+        with self._on_every_rank(StepKind.DECODE, rows):
+            return self.graphs.run(rows.tokens, rows.positions, rows.slots, rows.page_rows)
+
+    def run_multi(
+        self, rows: DecodeRows, multi: MultiStep, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Queue one multi-step launch: the device tensor [steps, rows] its tokens will be in."""
+        with self._on_every_rank(StepKind.DECODE_MULTI, rows, multi):
+            return self.graphs.run_multi(
+                rows.tokens, rows.positions, rows.slots, rows.page_rows, multi.budgets, multi.stop_on_eos,
+                multi.sampling, generator,
+            )  # fmt: skip
+
+    def _on_every_rank(self, kind: StepKind, *step: object) -> AbstractContextManager[None]:
+        return nullcontext() if self.channel is None else self.channel.lead(kind, *step)
+
+    def close(self) -> None:
+        """Tell the other ranks to stop (on the engine thread, after its last step)."""
+        if self.channel is not None:
+            self.channel.stop()
