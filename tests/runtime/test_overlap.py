@@ -14,6 +14,8 @@ import threading
 import pytest
 
 import sgjit
+from sgjit.errors import InvalidRequestError
+from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.result import RequestUpdate
 
 from conftest import GREEDY, assert_no_leaked_pages
@@ -172,3 +174,37 @@ def test_sinks_run_on_the_output_thread_and_a_failing_one_ends_only_its_request(
     ok = by_id[reqs[1].rid]
     assert ok.error is None and ok.result.output_ids == overlapped.generate(PROMPTS[1], params)["output_ids"]
     assert_no_leaked_pages(overlapped)
+
+
+def test_streaming_n_and_the_prefix_cache_under_overlap(runtime, overlapped):
+    """A stream's chunks add up to the plain engine's text; n > 1 samples of a prompt come back as
+    the plain engine's, the later ones starting from the first one's pages (in-batch prefix sharing);
+    a repeated prompt comes from the prefix cache with the same answer."""
+    params = {**GREEDY, "max_new_tokens": 16, "stop": [" 7"]}
+    chunks = list(overlapped.generate("1, 2, 3,", params, stream=True))
+    want = runtime.generate("1, 2, 3,", params)
+    assert chunks[-1]["finished"] and all(not c["finished"] for c in chunks[:-1])
+    assert "".join(c["text"] for c in chunks) == want["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == want["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    prompt = "Here is a long list of fruit: " + ", ".join(["apple", "pear", "plum", "fig"] * 12) + ". Next:"
+    n = {**GREEDY, "max_new_tokens": 6, "n": 3}
+    got = overlapped.generate(prompt, n)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in runtime.generate(prompt, n)]
+    prompt_len = got[0]["meta_info"]["prompt_tokens"]
+    assert prompt_len > 64
+    assert all(o["meta_info"]["cached_tokens"] >= prompt_len - 16 for o in got[1:])
+    again = overlapped.generate(prompt, {**GREEDY, "max_new_tokens": 6})
+    assert again["output_ids"] == got[0]["output_ids"]
+    assert again["meta_info"]["cached_tokens"] >= prompt_len - 16
+    assert_no_leaked_pages(overlapped)
+
+
+def test_overlap_is_off_with_tensor_parallelism():
+    """The other ranks rebuild each step from rank 0's host lists: placeholder ids cannot go there,
+    so the overlap is off by default with tp > 1 and refused when asked for."""
+    assert RuntimeConfig().use_overlap("cuda") and not RuntimeConfig().use_overlap("cpu")
+    assert not RuntimeConfig(tp=2).use_overlap("cuda")
+    assert RuntimeConfig(overlap_schedule=True).use_overlap("cpu")
+    with pytest.raises(InvalidRequestError, match="overlap_schedule"):
+        RuntimeConfig(tp=2, overlap_schedule=True)

@@ -1,12 +1,14 @@
 """Unit tests of the step sampler (sgjit/runtime/sampler.py, over the torch reference ops on CPU), of
-the engine's token-id finish checks (token_finish.py) and of the output processor (output.py). No
+the engine's token-id finish checks (token_finish.py), of the output processor (output.py) and of
+the output thread that runs it (output_thread.py). No
 model: logits are made up, and a fake tokenizer maps each id to fixed bytes so decoded text is
 predictable."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import torch
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.runtime.logprobs import DeviceLogprobs, HostLogprobs
 from sgjit.runtime.output import OutputProcessor, TokenUpdate
+from sgjit.runtime.output_thread import OutputThread
 from sgjit.runtime.request import PrefixHandle, Request
 from sgjit.runtime.result import FinishReason, GenerateResult, RequestUpdate
 from sgjit.runtime.sampler import RowSampling, Sampler
@@ -532,6 +535,168 @@ def test_output_logprobs_are_the_log_softmax_of_the_chosen_tokens() -> None:
     ((top1, top2),) = a.logprobs.output_top_logprobs
     assert (top1[1], top2[1]) == (2, 1) and top1[2] == " world"
     assert top1[0] == pytest.approx(lp[2].item())
+
+
+def test_input_logprobs_are_recorded_from_the_position_given() -> None:
+    """Prompt logprobs handed over with a launch: with `with_first` the prompt's first token comes
+    first with no value; each later prompt token gets log_softmax(logits at the position before)."""
+    proc = _proc()
+    req = Request(
+        "p", [1, 2, 3], SamplingParams(max_new_tokens=1), IncrementalDetokenizer(FakeTokenizer()),  # type: ignore[arg-type]
+        return_logprob=True, logprob_start_len=0, top_logprobs_num=1,
+    )  # fmt: skip
+    logits = torch.randn(2, len(VOCAB), generator=torch.Generator().manual_seed(3))
+    lps = torch.log_softmax(logits, -1)
+    values = DeviceLogprobs.of(lps, torch.tensor([2, 3]), req.top_logprobs_num)  # targets: prompt[1:]
+    raw = HostLogprobs.read(values, iter(values.tensors()))
+    proc.take(TokenUpdate(req, [], input_logprobs=(0, raw, True)))
+    assert req.logprobs is not None
+    got = req.logprobs.input_token_logprobs
+    assert [(t, text) for _, t, text in got] == [(1, None), (2, None), (3, None)]
+    assert got[0][0] is None
+    assert got[1][0] == pytest.approx(lps[0, 2].item()) and got[2][0] == pytest.approx(lps[1, 3].item())
+    tops = req.logprobs.input_top_logprobs
+    assert tops[0] is None and [row[0][1] for row in tops[1:]] == lps.argmax(-1).tolist()
+    assert req.detokenizer.ids == []  # prompt logprobs decode no output text
+
+
+def test_a_multi_token_update_stops_at_a_stop_string_inside_it() -> None:
+    """A multi-step launch hands over several tokens at once: the stop string is found at the token
+    that completes it, whose index in `req.tokens` is reported for the engine to trim at, and the
+    tokens after it are not decoded or streamed."""
+    updates: list[RequestUpdate] = []
+    proc = _proc()
+    req = _req(sink=updates, max_new_tokens=10, stop=["STOP"])
+    req.tokens += [1, 5, 6, 2]
+    proc.take(TokenUpdate(req, [1, 5, 6, 2]))
+    assert req.text_stop == (req.prompt_len + 2, FinishReason.stop("STOP"))
+    assert req.detokenizer.ids == [1, 5, 6]
+    assert "".join(u.text for u in updates) == "Hell"  # after "HelloST": 3 characters held ("STOP" - 1)
+    proc.take(TokenUpdate(req, [3]))  # a later launch's tokens (already in flight) are ignored
+    assert req.detokenizer.ids == [1, 5, 6]
+    req.finish_reason = req.text_stop[1]
+    proc.finish(req, None, None)
+    res = _final(updates)
+    assert res.text == "Hello" and res.output_ids == [1, 5, 6]
+
+
+def test_a_stop_string_before_the_engines_finish_wins() -> None:
+    """The engine cut a launch's tokens at EOS; a stop string earlier in them is the finish."""
+    proc = _proc()
+    req = _req(max_new_tokens=10, stop=[" STOP"])
+    proc.take(TokenUpdate(req, [1, 4, EOS], ends=FinishReason.stop(EOS)))
+    assert req.text_stop == (req.prompt_len + 1, FinishReason.stop(" STOP"))
+    assert req.detokenizer.ids == [1, 4]
+
+
+def test_a_stop_token_ends_before_a_stop_string_in_its_own_text() -> None:
+    """A stop token whose text completes a stop string ends as stop(token), untrimmed, as the plain
+    per-token check always did."""
+    updates: list[RequestUpdate] = []
+    proc = _proc()
+    req = _req(sink=updates, max_new_tokens=10, stop=[" STOP"], stop_token_ids=[4])
+    assert _feed(proc, req, [1, 4]) == FinishReason.stop(4)
+    assert req.text_stop is None
+    assert _final(updates).text == "Hello STOP"
+
+
+def test_first_finish_takes_the_earliest_token_and_the_plain_order_on_ties() -> None:
+    """Over a launch's tokens the first ending one wins; at one token, a stop token or EOS beats the
+    length limits (as a single step checks them)."""
+    req = _req(prompt=[1, 2], max_new_tokens=3)
+    base = len(req.tokens)
+    assert first_finish(req, base, [1, EOS, 2], MAX_LEN) == (1, FinishReason.stop(EOS))
+    assert first_finish(req, base, [1, 2, 3, 4], MAX_LEN) == (2, FinishReason.at_length(3))
+    assert first_finish(req, base, [1, 2, EOS, 4], MAX_LEN) == (2, FinishReason.stop(EOS))
+    assert first_finish(req, base, [1, 2], MAX_LEN) == (None, None)
+    ctx = _req(prompt=[1, 2, 3], max_new_tokens=100)  # max_model_len 5: two output tokens fit
+    assert first_finish(ctx, 3, [9, 9, 9], 5) == (1, FinishReason.at_length(2))
+    eos_ignored = _req(max_new_tokens=10, ignore_eos=True, stop_token_ids=[7])
+    assert first_finish(eos_ignored, 2, [EOS, 3, 7, EOS], MAX_LEN) == (2, FinishReason.stop(7))
+
+
+class _RecordingGrammar:
+    """A grammar that accepts anything and is finished once it has taken token 8."""
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def accept(self, tok: int) -> None:
+        self.taken.append(tok)
+
+    def is_finished(self) -> bool:
+        return bool(self.taken) and self.taken[-1] == 8
+
+
+def test_first_finish_advances_the_grammar_only_up_to_the_end() -> None:
+    """The grammar takes the tokens up to the first finish (a stop token's included) and no further;
+    its own end is a stop with no matched token."""
+    req = _req(max_new_tokens=10)
+    req.grammar = _RecordingGrammar()
+    assert first_finish(req, 2, [1, 8, 3], MAX_LEN) == (1, FinishReason.stop(None))
+    assert req.grammar.taken == [1, 8]
+    stopped = _req(max_new_tokens=10, stop_token_ids=[3])
+    stopped.grammar = _RecordingGrammar()
+    assert first_finish(stopped, 2, [1, 3, 8], MAX_LEN) == (1, FinishReason.stop(3))
+    assert stopped.grammar.taken == [1, 3]
+
+
+# ============================ OutputThread ============================
+
+
+def test_output_thread_hands_out_in_order_and_a_barrier_waits_for_it() -> None:
+    """Updates reach the sinks in the order queued, on the output thread; after `barrier` every
+    queued update has been handed out, and a stop string found there is visible to the caller."""
+    got: list[tuple[str, str, str]] = []
+
+    def sink(tag: str) -> Callable[[RequestUpdate], None]:
+        return lambda u: got.append((tag, u.text, threading.current_thread().name))
+
+    failures: list[tuple[Request, Exception]] = []
+    out = OutputThread(_proc(), lambda r, e: failures.append((r, e)))
+    try:
+        a = _req(rid="a", max_new_tokens=10)
+        b = _req(rid="b", max_new_tokens=10, stop=["!"])
+        a.sink, b.sink = sink("a"), sink("b")
+        out.deliver([TokenUpdate(a, [1]), TokenUpdate(b, [1])])
+        out.deliver([TokenUpdate(a, [2]), TokenUpdate(b, [2, 3, 2])])
+        out.barrier()
+        want = [("a", "Hello"), ("b", "Hello"), ("a", " world"), ("b", " world")]
+        assert [(t, x) for t, x, _ in got] == want
+        assert {name for _, _, name in got} == {"sgjit-output"}
+        assert b.text_stop == (b.prompt_len + 2, FinishReason.stop("!"))
+        b.finish_reason = b.text_stop[1]
+        out.finish(b, None, None)
+        out.barrier()
+        assert got[-1][:2] == ("b", "")
+        assert not failures
+    finally:
+        out.stop()
+
+
+def test_output_thread_reports_a_failing_sink_and_goes_on() -> None:
+    """A sink that raises is reported through `on_failure` (the engine then ends that request); the
+    other requests' updates are still handed out, and a final update that raises is only logged."""
+    failures: list[tuple[str, str]] = []
+    out = OutputThread(_proc(), lambda r, e: failures.append((r.rid, str(e))))
+    seen: list[str] = []
+
+    def bad(u: RequestUpdate) -> None:
+        raise RuntimeError("sink broke")
+
+    try:
+        a = _req(rid="a", max_new_tokens=10)
+        b = _req(rid="b", max_new_tokens=10)
+        a.sink, b.sink = bad, lambda u: seen.append(u.text)
+        out.deliver([TokenUpdate(a, [1]), TokenUpdate(b, [1])])
+        a.finish_reason = FinishReason.abort("sink broke")
+        out.finish(a, RuntimeError("sink broke"), None)  # raises inside: logged, not fatal
+        out.deliver([TokenUpdate(b, [2])])
+        out.barrier()
+        assert failures == [("a", "sink broke")]
+        assert seen == ["Hello", " world"]
+    finally:
+        out.stop()
 
 
 # ======================= SGLang's extra sampling keys =======================

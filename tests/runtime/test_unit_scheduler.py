@@ -651,3 +651,22 @@ def test_a_row_whose_last_token_is_drawn_sits_out() -> None:
     a.num_computed = 8  # as if the placeholder's KV were computed: it would fill the second page
     s.cache_computed(a)
     assert s.cache.num_nodes == 1  # only the page of real tokens
+
+
+def test_a_row_that_drew_the_last_token_the_context_allows_sits_out() -> None:
+    """A row whose drawn (not yet read back) token fills the context takes no more steps, though it
+    still wants tokens, and does not count against the prompts' share of a mixed step."""
+    s = _sched(num_pages=65, chunk=64, mixed=16)
+    s.config.max_model_len = 48
+    a = _req(range(47), max_new_tokens=50, rid="a")
+    s.add(a)
+    s.schedule()
+    a.num_computed = 47
+    a.tokens.append(-1)  # the placeholder of its 48th token, the last the context allows
+    assert a.wants_tokens and a.pending == 1
+    long = _req(range(100, 140), rid="long")
+    s.add(long)
+    assert _spans(s.schedule()) == [("long", 0, 40, True)]  # a sits out; the prompt is not cut to 16
+    long.num_computed = 40
+    long.tokens.append(-2)
+    assert _spans(s.schedule_decode_ahead(lambda r: 4)) == [("long", 40, 41, True)]
