@@ -103,7 +103,7 @@ def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnT
 STREAM_INFLIGHT = 96 * 1024
 
 
-def _stream_tile(
+def stream_tile_for(
     profile: DeviceProfile, shapes: ModelShapes, workload: Workload
 ) -> tuple[StreamTile | None, str]:
     """The streaming decode kernel's tile: the most kv heads a CTA can hold (a divisor of the model's,
@@ -349,11 +349,11 @@ class KernelSelector:
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
-        stream, stream_why = (
-            _stream_tile(profile, shapes, workload)
-            if env().unverified_kernels
-            else (None, "streaming decode not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers it)")
-        )
+        stream, stream_why = stream_tile_for(profile, shapes, workload)
+        if stream is not None and shapes.kv_bytes != 1:
+            # measured on the H100 (docs/performance.md, 2026-12-06): 0.62-1.34x the mma.sync decode kernel
+            # on 16-bit pools, no consistent gain; on fp8 pools 0.51-0.55x the bf16 time where it counts
+            stream, stream_why = None, "16-bit pool: decode keeps the mma.sync kernel (streaming no faster)"
         tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre, "stream_decode": stream}
         why += f"; {stream_why}"
         if workload.batch_invariant:
@@ -363,7 +363,7 @@ class KernelSelector:
                 f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
                 f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
             )
-        sm90, sm90_why = _sm90_prefill_tile(profile, shapes) if env().unverified_kernels else (None, "")
+        sm90, sm90_why = _sm90_prefill_tile(profile, shapes)
         if sm90 is not None:
             tunables["prefill_sm90"] = sm90
         why += sm90_why
