@@ -1,7 +1,9 @@
 """`python -m sgjit.bench.latency`: one batch, prefill and decode speed of sgjit with the JIT on,
 with it off, Hugging Face transformers `generate`, and plain torch with its decode step in one CUDA
 graph (`torch-graph`, on sgjit's weights: torch_graph_peer.py), on the same model, device and dtype,
-in one run, next to the rooflines measured at the start.
+in one run, next to the rooflines measured at the start. `sgjit-megakernel` is the JIT with the
+decode megakernel offered (SGJIT_UNVERIFIED_KERNELS=1 for its runtime); beside it `sgjit-jit` runs
+its decode steps layer by layer, so one run compares the two.
 
 Method, the same for every engine: prefill (= TTFT of the batch) is the wall time of a 1-token
 generation; decode rate per sequence = (N - 1) / (time of an N-token generation - that); medians of
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -38,6 +43,7 @@ ENGINES = (
     "sgjit-deterministic",
     "sgjit-fp8",
     "sgjit-jit-tp",
+    "sgjit-megakernel",
 )
 DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
@@ -78,6 +84,21 @@ def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) 
     return prefill, 1.0 / decode_step
 
 
+@contextmanager
+def _env(**settings: str) -> Iterator[None]:
+    """SGJIT_ settings for what is built inside (a runtime selects its kernels as it loads)."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.smoke:
@@ -89,7 +110,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     opts = dict(device=args.device, dtype=args.dtype, max_total_tokens=need, enable_prefix_cache=False)
     runtimes = {"sgjit": Runtime(model, **opts)}
     if "sgjit-jit" in args.engines:
-        runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
+        # beside the megakernel engine, the JIT's decode runs layer by layer (the comparison it is for)
+        layered = "sgjit-megakernel" in args.engines and os.environ.get("SGJIT_KERNELS", "auto") == "auto"
+        with _env(**({"SGJIT_KERNELS": "decode_megakernel=reference"} if layered else {})):
+            runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
+    if "sgjit-megakernel" in args.engines:
+        with _env(SGJIT_UNVERIFIED_KERNELS="1"):
+            runtimes["sgjit-megakernel"] = Runtime(model, enable_jit=True, **opts)
     if "sgjit-deterministic" in args.engines:  # the JIT with batch-invariant GEMMs and attention
         runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
     if "sgjit-fp8" in args.engines:  # the JIT with the layers' weights in FP8 (quantized at load)

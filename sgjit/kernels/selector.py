@@ -24,6 +24,7 @@ from sgjit.kernels.registry import (
     FUSED_OPS,
     FUSED_ROW_CHOICES,
     HALF_DTYPES,
+    MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
     SM90_CC,
     SM90_HEAD_DIMS,
@@ -218,6 +219,49 @@ def _fused_rows(
     )
 
 
+# The decode megakernel (megakernel.cu): the whole step in one launch, for models whose layers stream
+# in about what a layer's launches cost (the small-layer bound of the fused GEMVs above) and steps of
+# up to MEGAKERNEL_ROWS rows (the GEMV's register tiles end there). Query heads a kv head: its
+# attention keeps G x head_dim / 32 accumulators a lane.
+MEGAKERNEL_ROWS = 8
+MEGAKERNEL_MAX_GROUP = 8
+
+
+def _megakernel_rows(
+    profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+) -> tuple[dict[str, Any], str]:
+    if workload.batch_invariant:
+        raise _Unfit("batch-invariant mode: every step runs the unfused ops")
+    if not env().unverified_kernels:
+        raise _Unfit("decode megakernel not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers it)")
+    layer = _layer_bytes(shapes)
+    if layer > SMALL_LAYER_BYTES:
+        raise _Unfit(f"layers of {layer >> 20} MB stream longer than their launches cost; layered kernels")
+    if shapes.qk_norm or shapes.experts:
+        raise _Unfit("per-head q/k norms and MoE layers run layer by layer")
+    if shapes.kv_dtype != shapes.dtype:
+        raise _Unfit(f"KV pool of {shapes.kv_dtype}: the megakernel reads a pool of the model dtype")
+    if (
+        shapes.group > MEGAKERNEL_MAX_GROUP
+        or shapes.hidden % 8
+        or shapes.intermediate % 8
+        or shapes.rope_dim % 2
+    ):
+        raise _Unfit(
+            f"group {shapes.group}, hidden {shapes.hidden}, intermediate {shapes.intermediate}: unsupported"
+        )
+    want = min(MEGAKERNEL_ROWS, max(1, workload.max_batch))
+    budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)
+    fit = [b for b in MEGAKERNEL_ROW_CHOICES if b <= want and b * shapes.hidden * 2 <= budget]
+    if not fit:
+        raise _Unfit(
+            f"one normalised row of {shapes.hidden} does not fit {budget // 1024} KB of shared memory"
+        )
+    return {"rows": fit[-1]}, (
+        f"decode steps of <= {fit[-1]} rows in one launch ({layer >> 20} MB layers), larger ones layer by layer"
+    )
+
+
 def _parse_overrides(spec: str) -> dict[str, str]:
     """SGJIT_KERNELS: "auto" | "reference" | "op=variant,...". Unknown names are an error that
     lists the valid ones."""
@@ -341,6 +385,8 @@ class KernelSelector:
             return _gemv_rows(profile, workload)
         if op in FUSED_OPS:
             return _fused_rows(profile, shapes, workload)
+        if op == "decode_megakernel":
+            return _megakernel_rows(profile, shapes, workload)
         if op == "moe_experts":
             why_not = grouped_unsupported(profile, shapes)
             if why_not:

@@ -284,3 +284,32 @@ def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
     assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "grouped_mm"
     monkeypatch.setenv("SGJIT_KERNELS", "moe_experts=reference")
     assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "reference"
+
+
+def test_decode_megakernel_for_small_dense_models_only(monkeypatch, unverified_kernels):
+    """The one-launch decode step: SmolLM2 (7 MB layers) up to MEGAKERNEL_ROWS rows, fewer where the
+    runtime's batch is smaller; never for 8B-sized layers, Qwen3's q/k norms, MoE layers, an fp8 pool,
+    the deterministic mode, a CPU, or without SGJIT_UNVERIFIED_KERNELS=1."""
+    from sgjit.kernels.selector import MEGAKERNEL_ROWS, SMALL_LAYER_BYTES, _layer_bytes
+
+    op = "decode_megakernel"
+    small = shapes("smollm2-135m")
+    assert _layer_bytes(small) < SMALL_LAYER_BYTES < _layer_bytes(shapes())
+    for device in ("H200", "H100-SXM5-80GB", "A100-SXM4-80GB"):
+        c = KernelSelector().select(PROFILES[device], small)[op]
+        assert c.variant == "cuda" and c.tunables["rows"] == MEGAKERNEL_ROWS, c.reason
+    assert KernelSelector().select(PROFILES["H200"], small, Workload(max_batch=3))[op].tunables["rows"] == 2
+    refused = {
+        "8b layers": (shapes(), Workload()),
+        "qk norm": (replace(small, qk_norm=True), Workload()),
+        "moe": (replace(small, experts=8, expert_intermediate=64), Workload()),
+        "fp8 pool": (shapes("smollm2-135m", kv=torch.float8_e4m3fn), Workload()),
+        "deterministic": (small, Workload(batch_invariant=True)),
+        "fp32": (shapes("smollm2-135m", dtype=torch.float32), Workload()),
+    }
+    for why, (s, w) in refused.items():
+        assert KernelSelector().select(PROFILES["H200"], s, w)[op].variant == "reference", why
+    assert KernelSelector().select(cpu_profile(), small)[op].variant == "reference"
+    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS")
+    c = KernelSelector().select(PROFILES["H200"], small)[op]
+    assert c.variant == "reference" and "SGJIT_UNVERIFIED_KERNELS" in c.reason
