@@ -15,12 +15,14 @@ def _env(name: str, default: str) -> str:
 class EnvSettings:
     cache_dir: Path
     kernels: str  # "auto" | "reference" | "op=variant,op=variant"
+    cpu_kernels: str  # "auto" | "off" | a tier of sgjit/kernels/cpp/build.py ("avx2", "portable", ...)
 
     @classmethod
     def read(cls) -> EnvSettings:
         return cls(
             cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
             kernels=_env("KERNELS", "auto"),
+            cpu_kernels=_env("CPU_KERNELS", "auto"),
         )
 
 

@@ -104,15 +104,15 @@ def llama_cpp_runner(rt, ids: list[int]) -> Callable[[int], Any]:
 
 def weight_bytes_read(model) -> int:
     """Bytes of GEMM and norm weights a decode step reads, in the form the ops hold them (fp32,
-    packed 4-bit with bf16 scales, FP8 with fp32 scales, ...), plus the LM head; the embedding is a row gather."""
+    GGUF panels with fp32 scales, FP8 with fp32 scales, ...), plus the LM head; the embedding is a row gather."""
+    from sgjit.kernels.cpp.panels import PanelWeight
     from sgjit.kernels.fp8 import Fp8Weight
-    from sgjit.kernels.quant import Int4Weight
 
     def size(w: Any) -> int:
         if w is None:
             return 0
-        if isinstance(w, Int4Weight):
-            return w.packed.numel() + 2 * w.scales_zeros.numel()
+        if isinstance(w, PanelWeight):
+            return w.nbytes
         if isinstance(w, Fp8Weight):
             return w.data.numel() + 4 * w.scale.numel()
         return w.numel() * w.element_size()
