@@ -94,7 +94,10 @@ def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: floa
         k, v = gather_kv(kv, meta.page_table[:, :num_pages], meta.max_kv_len, q.dtype)
         key_pos = torch.arange(meta.max_kv_len, device=q.device)
         mask = (key_pos[None, :] < meta.kv_lens[:, None].to(key_pos.dtype))[:, None, None, :]
-        v = v.masked_fill(~mask[:, :, 0, :, None], 0.0)  # padding slots may hold anything, NaN included
+        # Padding slots may hold anything, NaN and inf included (the CPU pool is not zeroed): a NaN
+        # or inf key there makes the masked score NaN (NaN + -inf), so K is cleared as well as V.
+        pad = ~mask[:, :, 0, :, None]
+        k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         out = F.scaled_dot_product_attention(
             q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True
         )

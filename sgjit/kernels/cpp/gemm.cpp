@@ -8,10 +8,11 @@
 // between threads, so a row's result depends on that row alone.
 //
 // A panel is 16 output rows; its record for group g holds the weights as int16 pairs ready for
-// vpdpwssd / vpmaddwd (lane r = output row r, two inputs a lane), then the fp32 scales:
+// vpdpwssd / vpmaddwd (lane r = output row r, two inputs a lane), then the scales, fp16 where the
+// format's own are (Q4_0, Q4_1, Q8_0: exact), else fp32 (Q4_K):
 //   4-bit: 8 chunks of 32 bytes; chunk c byte 2r+e = q[r][4c+e] | q[r][4c+2+e] << 4;
-//          then ws[16], wm[16]                                                  (384 bytes)
-//   8-bit: 16 chunks of 32 bytes; chunk c byte 2r+e = q[r][2c+e]; then ws[16]  (576 bytes)
+//          then ws[16], wm[16]                                  (320 bytes with fp16, 384 with fp32)
+//   8-bit: 16 chunks of 32 bytes; chunk c byte 2r+e = q[r][2c+e]; then ws[16]     (544 bytes, fp16)
 #include "common.h"
 
 #include <ATen/Parallel.h>
@@ -22,7 +23,42 @@ namespace sgjit {
 
 constexpr int64_t kGroup = 32, kPanel = 16, kMBlock = 64;
 
-inline int64_t record_bytes(int bits) { return bits == 4 ? 384 : 576; }
+template <int BITS, typename S>
+constexpr int64_t kQBytes = BITS == 4 ? 256 : 512;
+template <int BITS, typename S>
+constexpr int64_t kRecord = kQBytes<BITS, S> + (BITS == 4 ? 2 : 1) * 16 * int64_t(sizeof(S));
+
+// IEEE half to float, exact (subnormals, inf and NaN included).
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do {
+      ++e;
+      man <<= 1;
+    } while (!(man & 0x400u));
+    bits = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Records this many groups ahead are asked for early: the hardware prefetchers alone left ~10% of
+// the single-core read rate unused on the development machine (AMD EPYC, docs/performance.md).
+constexpr int64_t kPrefetch = 4;
+inline void prefetch_record(const uint8_t* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
+
+inline float scale_at(const float* p, int64_t i) { return p[i]; }
+inline float scale_at(const uint16_t* p, int64_t i) { return half_to_float(p[i]); }
 
 // One activation row quantized: xq [K], xd [G], xs [G]. The AVX-512 path computes the same
 // values as the loop below it (max, one multiply, round to nearest even, exact integer sum).
@@ -93,9 +129,12 @@ inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i x) {
 }
 
 // MT activation rows x NP panels; CH independent integer chains per (row, panel) for latency.
-template <int BITS, int MT, int NP, int CH>
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+template <int BITS, typename S, int MT, int NP, int CH>
 static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_t m0, float* out) {
-  constexpr int64_t rec = BITS == 4 ? 384 : 576, qbytes = BITS == 4 ? 256 : 512;
+  constexpr int64_t rec = kRecord<BITS, S>, qbytes = kQBytes<BITS, S>;
   __m512 acc[MT][NP];
   for (int m = 0; m < MT; ++m)
     for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_setzero_ps();
@@ -107,6 +146,7 @@ static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_
         for (int p = 0; p < NP; ++p) s[c][m][p] = _mm512_setzero_si512();
     const int32_t* xp[MT];
     for (int m = 0; m < MT; ++m) xp[m] = reinterpret_cast<const int32_t*>(a.q + (m0 + m) * a.K + g * kGroup);
+    for (int p = 0; p < NP; ++p) prefetch_record(w + p * pstride + (g + kPrefetch) * rec, rec);
     if constexpr (BITS == 4) {
       for (int c = 0; c < 8; ++c) {
         for (int p = 0; p < NP; ++p) {
@@ -134,15 +174,15 @@ static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_
       }
     }
     for (int p = 0; p < NP; ++p) {
-      const float* sc = reinterpret_cast<const float*>(w + p * pstride + g * rec + qbytes);
-      __m512 ws = _mm512_loadu_ps(sc);
+      const S* sc = reinterpret_cast<const S*>(w + p * pstride + g * rec + qbytes);
+      __m512 ws = load16(sc);
       for (int m = 0; m < MT; ++m) {
         __m512i isum = s[0][m][p];
         for (int c = 1; c < CH; ++c) isum = _mm512_add_epi32(isum, s[c][m][p]);
         __m512 t = _mm512_mul_ps(ws, _mm512_set1_ps(a.d[(m0 + m) * a.G + g]));
         acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, acc[m][p]);
         if constexpr (BITS == 4)
-          acc[m][p] = _mm512_fmadd_ps(_mm512_loadu_ps(sc + kPanel), _mm512_set1_ps(a.s[(m0 + m) * a.G + g]), acc[m][p]);
+          acc[m][p] = _mm512_fmadd_ps(load16(sc + kPanel), _mm512_set1_ps(a.s[(m0 + m) * a.G + g]), acc[m][p]);
       }
     }
   }
@@ -151,11 +191,14 @@ static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_
 }
 
 #elif defined(SGJIT_AVX2)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 // One panel (two halves of 8 rows) x MT rows: vpmaddwd + vpaddd, the same integer sums.
-template <int BITS, int MT, int NP, int CH>
+template <int BITS, typename S, int MT, int NP, int CH>
 static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_t m0, float* out) {
   static_assert(NP == 1, "the AVX2 tile holds one panel");
-  constexpr int64_t rec = BITS == 4 ? 384 : 576, qbytes = BITS == 4 ? 256 : 512;
+  constexpr int64_t rec = kRecord<BITS, S>, qbytes = kQBytes<BITS, S>;
   __m256 acc[MT][2];
   for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi16(0x0f);
@@ -165,6 +208,7 @@ static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_
     const int32_t* xp[MT];
     for (int m = 0; m < MT; ++m) xp[m] = reinterpret_cast<const int32_t*>(a.q + (m0 + m) * a.K + g * kGroup);
     const uint8_t* r = w + g * rec;
+    prefetch_record(r + kPrefetch * rec, rec);
     for (int c = 0; c < (BITS == 4 ? 8 : 16); ++c) {
       for (int h = 0; h < 2; ++h) {
         __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + c * 32 + h * 16));
@@ -182,14 +226,14 @@ static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_
         }
       }
     }
-    const float* sc = reinterpret_cast<const float*>(r + qbytes);
+    const S* sc = reinterpret_cast<const S*>(r + qbytes);
     for (int h = 0; h < 2; ++h) {
-      __m256 ws = _mm256_loadu_ps(sc + 8 * h);
+      __m256 ws = load8(sc + 8 * h);
       for (int m = 0; m < MT; ++m) {
         __m256 t = _mm256_mul_ps(ws, _mm256_set1_ps(a.d[(m0 + m) * a.G + g]));
         acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m][h]), t, acc[m][h]);
         if constexpr (BITS == 4)
-          acc[m][h] = _mm256_fmadd_ps(_mm256_loadu_ps(sc + kPanel + 8 * h), _mm256_set1_ps(a.s[(m0 + m) * a.G + g]),
+          acc[m][h] = _mm256_fmadd_ps(load8(sc + kPanel + 8 * h), _mm256_set1_ps(a.s[(m0 + m) * a.G + g]),
                                       acc[m][h]);
       }
     }
@@ -202,16 +246,19 @@ static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_
 
 #else
 // Portable: the record decoded weight by weight; the same integer sums and float steps.
-template <int BITS, int MT, int NP, int CH>
+template <int BITS, typename S, int MT, int NP, int CH>
 static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_t m0, float* out) {
   static_assert(NP == 1, "the portable tile holds one panel");
-  constexpr int64_t rec = BITS == 4 ? 384 : 576, qbytes = BITS == 4 ? 256 : 512;
+  constexpr int64_t rec = kRecord<BITS, S>, qbytes = kQBytes<BITS, S>;
   float acc[MT][kPanel] = {};
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* r = w + g * rec;
+    const S* sc = reinterpret_cast<const S*>(r + qbytes);
     float ws[kPanel], wm[kPanel];
-    std::memcpy(ws, r + qbytes, sizeof(ws));
-    if (BITS == 4) std::memcpy(wm, r + qbytes + sizeof(ws), sizeof(wm));
+    for (int64_t i = 0; i < kPanel; ++i) {
+      ws[i] = scale_at(sc, i);
+      wm[i] = BITS == 4 ? scale_at(sc, kPanel + i) : 0.0f;
+    }
     for (int m = 0; m < MT; ++m) {
       const int16_t* xq = a.q + (m0 + m) * a.K + g * kGroup;
       for (int64_t row = 0; row < kPanel; ++row) {
@@ -243,18 +290,18 @@ constexpr int kDecodePanels = 4, kTilePanels = 2;
 constexpr int kDecodePanels = 1, kTilePanels = 1;
 #endif
 
-template <int BITS, typename Y>
+template <int BITS, typename S, typename Y>
 static void run_tiles(const uint8_t* w, int64_t pstride, const Activations& a, int64_t M, int64_t N,
                       const float* bias, Y* y, int64_t ldy, int64_t p0, int64_t p1) {
   float acc[4 * 4 * kPanel];
   if (M == 1) {  // decode: more panels at once for independent chains
     int64_t p = p0;
     for (; p + kDecodePanels <= p1; p += kDecodePanels) {
-      tile<BITS, 1, kDecodePanels, 4>(w + p * pstride, pstride, a, 0, acc);
+      tile<BITS, S, 1, kDecodePanels, 4>(w + p * pstride, pstride, a, 0, acc);
       store_rows(acc, 1, kDecodePanels, 0, p * kPanel, N, bias, y, ldy);
     }
     for (; p < p1; ++p) {
-      tile<BITS, 1, 1, 4>(w + p * pstride, pstride, a, 0, acc);
+      tile<BITS, S, 1, 1, 4>(w + p * pstride, pstride, a, 0, acc);
       store_rows(acc, 1, 1, 0, p * kPanel, N, bias, y, ldy);
     }
     return;
@@ -268,17 +315,17 @@ static void run_tiles(const uint8_t* w, int64_t pstride, const Activations& a, i
         int mt = int(std::min<int64_t>(4, me - m));
         if (np == kTilePanels) {
           switch (mt) {
-            case 4: tile<BITS, 4, kTilePanels, 2>(wp, pstride, a, m, acc); break;
-            case 3: tile<BITS, 3, kTilePanels, 2>(wp, pstride, a, m, acc); break;
-            case 2: tile<BITS, 2, kTilePanels, 2>(wp, pstride, a, m, acc); break;
-            default: tile<BITS, 1, kTilePanels, 2>(wp, pstride, a, m, acc); break;
+            case 4: tile<BITS, S, 4, kTilePanels, 2>(wp, pstride, a, m, acc); break;
+            case 3: tile<BITS, S, 3, kTilePanels, 2>(wp, pstride, a, m, acc); break;
+            case 2: tile<BITS, S, 2, kTilePanels, 2>(wp, pstride, a, m, acc); break;
+            default: tile<BITS, S, 1, kTilePanels, 2>(wp, pstride, a, m, acc); break;
           }
         } else {
           switch (mt) {
-            case 4: tile<BITS, 4, 1, 2>(wp, pstride, a, m, acc); break;
-            case 3: tile<BITS, 3, 1, 2>(wp, pstride, a, m, acc); break;
-            case 2: tile<BITS, 2, 1, 2>(wp, pstride, a, m, acc); break;
-            default: tile<BITS, 1, 1, 2>(wp, pstride, a, m, acc); break;
+            case 4: tile<BITS, S, 4, 1, 2>(wp, pstride, a, m, acc); break;
+            case 3: tile<BITS, S, 3, 1, 2>(wp, pstride, a, m, acc); break;
+            case 2: tile<BITS, S, 2, 1, 2>(wp, pstride, a, m, acc); break;
+            default: tile<BITS, S, 1, 1, 2>(wp, pstride, a, m, acc); break;
           }
         }
         store_rows(acc, mt, np, m, p * kPanel, N, bias, y, ldy);
@@ -289,9 +336,9 @@ static void run_tiles(const uint8_t* w, int64_t pstride, const Activations& a, i
 }
 
 template <typename X, typename Y>
-static void linear_panels_t(const X* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int bits, int64_t N,
-                            const float* bias, Y* y, int64_t ldy) {
-  const int64_t G = K / kGroup, panels = (N + kPanel - 1) / kPanel, pstride = G * record_bytes(bits);
+static void linear_panels_t(const X* x, int64_t M, int64_t K, int64_t ldx, const uint8_t* w, int bits,
+                            bool half_scales, int64_t N, const float* bias, Y* y, int64_t ldy) {
+  const int64_t G = K / kGroup, panels = (N + kPanel - 1) / kPanel;
   thread_local std::vector<int16_t> xq;
   thread_local std::vector<float> xd, xs;
   xq.resize(M * K);
@@ -307,26 +354,30 @@ static void linear_panels_t(const X* x, int64_t M, int64_t K, int64_t ldx, const
   // ~20k group-panel products a thread before a second thread pays for waking it
   int64_t grain = std::max<int64_t>(kDecodePanels, 20000 / std::max<int64_t>(1, M * G));
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-    if (bits == 4)
-      run_tiles<4>(w, pstride, a, M, N, bias, y, ldy, p0, p1);
+    if (bits == 4 && half_scales)
+      run_tiles<4, uint16_t>(w, G * kRecord<4, uint16_t>, a, M, N, bias, y, ldy, p0, p1);
+    else if (bits == 4)
+      run_tiles<4, float>(w, G * kRecord<4, float>, a, M, N, bias, y, ldy, p0, p1);
+    else if (half_scales)
+      run_tiles<8, uint16_t>(w, G * kRecord<8, uint16_t>, a, M, N, bias, y, ldy, p0, p1);
     else
-      run_tiles<8>(w, pstride, a, M, N, bias, y, ldy, p0, p1);
+      run_tiles<8, float>(w, G * kRecord<8, float>, a, M, N, bias, y, ldy, p0, p1);
   });
 }
 
 // x: [M, K] rows ldx apart (float or bf16); w: panels; y: [M, N] rows ldy apart (float or bf16).
-void linear_panels(int64_t x, bool x_bf16, int64_t M, int64_t K, int64_t ldx, int64_t w, int bits, int64_t N,
-                   int64_t bias, int64_t y, bool y_bf16, int64_t ldy) {
+void linear_panels(int64_t x, bool x_bf16, int64_t M, int64_t K, int64_t ldx, int64_t w, int bits,
+                   bool half_scales, int64_t N, int64_t bias, int64_t y, bool y_bf16, int64_t ldy) {
   auto wp = reinterpret_cast<const uint8_t*>(w);
   auto bp = reinterpret_cast<const float*>(bias);
   if (x_bf16 && y_bf16)
-    linear_panels_t(reinterpret_cast<const uint16_t*>(x), M, K, ldx, wp, bits, N, bp, reinterpret_cast<uint16_t*>(y), ldy);
+    linear_panels_t(reinterpret_cast<const uint16_t*>(x), M, K, ldx, wp, bits, half_scales, N, bp, reinterpret_cast<uint16_t*>(y), ldy);
   else if (x_bf16)
-    linear_panels_t(reinterpret_cast<const uint16_t*>(x), M, K, ldx, wp, bits, N, bp, reinterpret_cast<float*>(y), ldy);
+    linear_panels_t(reinterpret_cast<const uint16_t*>(x), M, K, ldx, wp, bits, half_scales, N, bp, reinterpret_cast<float*>(y), ldy);
   else if (y_bf16)
-    linear_panels_t(reinterpret_cast<const float*>(x), M, K, ldx, wp, bits, N, bp, reinterpret_cast<uint16_t*>(y), ldy);
+    linear_panels_t(reinterpret_cast<const float*>(x), M, K, ldx, wp, bits, half_scales, N, bp, reinterpret_cast<uint16_t*>(y), ldy);
   else
-    linear_panels_t(reinterpret_cast<const float*>(x), M, K, ldx, wp, bits, N, bp, reinterpret_cast<float*>(y), ldy);
+    linear_panels_t(reinterpret_cast<const float*>(x), M, K, ldx, wp, bits, half_scales, N, bp, reinterpret_cast<float*>(y), ldy);
 }
 
 }  // namespace sgjit

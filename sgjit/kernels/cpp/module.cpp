@@ -6,8 +6,8 @@
 #include <cstdint>
 
 namespace sgjit {
-void linear_panels(int64_t x, bool x_bf16, int64_t M, int64_t K, int64_t ldx, int64_t w, int bits, int64_t N,
-                   int64_t bias, int64_t y, bool y_bf16, int64_t ldy);
+void linear_panels(int64_t x, bool x_bf16, int64_t M, int64_t K, int64_t ldx, int64_t w, int bits,
+                   bool half_scales, int64_t N, int64_t bias, int64_t y, bool y_bf16, int64_t ldy);
 void rmsnorm(int64_t x, bool bf16, int64_t rows, int64_t D, int64_t ldx, int64_t w, double eps, int64_t out);
 void add_rmsnorm(int64_t x, int64_t res, bool bf16, int64_t rows, int64_t D, int64_t w, double eps, int64_t out,
                  int64_t summed);
