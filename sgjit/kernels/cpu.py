@@ -66,7 +66,9 @@ def cpu_ops(dtype: torch.dtype) -> OpTable:
     cpp = CppOps(lib)
 
     def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return cpp.linear(x, weight, bias) if isinstance(weight, PanelWeight) else dense_linear(x, weight, bias)
+        return (
+            cpp.linear(x, weight, bias) if isinstance(weight, PanelWeight) else dense_linear(x, weight, bias)
+        )
 
     def prepare_weight(weight: Any) -> Any:
         return to_panels(weight) if isinstance(weight, QuantWeight) else dense_prepare(weight)

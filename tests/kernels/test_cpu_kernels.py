@@ -18,7 +18,7 @@ from sgjit.kernels.cpp.panels import to_panels
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 from sgjit.kernels.quant import BLOCKS
 
-from test_quant import random_blocks
+from gguf_blocks import random_blocks
 
 NATIVE = build.native()
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="the C++ CPU kernels did not build here")
@@ -85,7 +85,9 @@ def test_elementwise_ops_match_the_reference(ops):
     gu = torch.randn(9, 2 * 1536) * 4
     torch.testing.assert_close(ops.silu_mul(gu), reference.silu_mul(gu), rtol=1e-5, atol=1e-6)
     xb, wb = x.bfloat16(), w.bfloat16()
-    torch.testing.assert_close(ops.rmsnorm(xb, wb, 1e-5), reference.rmsnorm(xb, wb, 1e-5), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(
+        ops.rmsnorm(xb, wb, 1e-5), reference.rmsnorm(xb, wb, 1e-5), rtol=1e-2, atol=1e-2
+    )
 
 
 def paged_pool(pages: int, page_size: int, hkv: int, d: int, dtype=torch.float32) -> LayerKV:
@@ -105,7 +107,10 @@ def test_rope_store_kv_matches_the_reference(ops):
     cos_sin = torch.randn(n, d)
     slots = torch.tensor([17, 3, 40, 41, 8, 0])
     ours, ref = paged_pool(8, 8, hkv, d), paged_pool(8, 8, hkv, d)
-    assert torch.equal(ops.rope_store_kv(q, k, v, cos_sin, ours, slots), reference.rope_store_kv(q, k, v, cos_sin, ref, slots))
+    assert torch.equal(
+        ops.rope_store_kv(q, k, v, cos_sin, ours, slots),
+        reference.rope_store_kv(q, k, v, cos_sin, ref, slots),
+    )
     for a, b in ((ours.k, ref.k), (ours.v, ref.v)):
         flat_a, flat_b = a.view(-1, hkv, d), b.view(-1, hkv, d)
         assert torch.equal(flat_a[slots], flat_b[slots])
@@ -198,7 +203,10 @@ def test_simd_build_equals_the_portable_build(ops, portable):
             x = torch.randn(rows, 512)
             assert torch.equal(ops.linear(x, pw), portable.linear(x, pw)), (qtype, rows)
     x, res, w = torch.randn(5, 576), torch.randn(5, 576), torch.randn(576)
-    assert all(torch.equal(a, b) for a, b in zip(ops.add_rmsnorm(x, res, w, 1e-5), portable.add_rmsnorm(x, res, w, 1e-5)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(ops.add_rmsnorm(x, res, w, 1e-5), portable.add_rmsnorm(x, res, w, 1e-5))
+    )
     gu = torch.randn(5, 3072)
     assert torch.equal(ops.silu_mul(gu), portable.silu_mul(gu))
     q, kv, meta = ragged_batch([(5, 20), (1, 17), (1, 2)], seed=5)

@@ -66,7 +66,9 @@ def requested_tier() -> str | None:
     if choice == "auto":
         return best
     if choice not in TIERS or not set(TIERS[choice][0]) <= cpu_flags():
-        log.warning("SGJIT_CPU_KERNELS=%s is not a tier this CPU runs (%s); using %s", choice, list(TIERS), best)
+        log.warning(
+            "SGJIT_CPU_KERNELS=%s is not a tier this CPU runs (%s); using %s", choice, list(TIERS), best
+        )
         return best
     return choice
 

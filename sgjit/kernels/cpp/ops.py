@@ -50,7 +50,12 @@ class CppOps:
 
     def rmsnorm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        if x2.stride(-1) != 1 or x.dtype not in DTYPES or weight.dtype != x.dtype or not weight.is_contiguous():
+        if (
+            x2.stride(-1) != 1
+            or x.dtype not in DTYPES
+            or weight.dtype != x.dtype
+            or not weight.is_contiguous()
+        ):
             return reference.rmsnorm(x, weight, eps)
         out = torch.empty(x2.shape, dtype=x.dtype)
         self.lib.rmsnorm(
@@ -78,12 +83,18 @@ class CppOps:
             return reference.silu_mul(x)
         half = x.shape[-1] // 2
         out = torch.empty(*x.shape[:-1], half, dtype=x.dtype)
-        self.lib.silu_mul(x.data_ptr(), x.dtype == torch.bfloat16, x.numel() // x.shape[-1], half, out.data_ptr())
+        self.lib.silu_mul(
+            x.data_ptr(), x.dtype == torch.bfloat16, x.numel() // x.shape[-1], half, out.data_ptr()
+        )
         return out
 
     def _rope_rows(self, cos_sin: Tensor, slot_mapping: Tensor) -> tuple:
         """(cos_sin address, its width, slots address), converted once for the step's tensors."""
-        if self._step_rope is None or self._step_rope[0] is not cos_sin or self._step_rope[1] is not slot_mapping:
+        if (
+            self._step_rope is None
+            or self._step_rope[0] is not cos_sin
+            or self._step_rope[1] is not slot_mapping
+        ):
             cs, slots = cos_sin.float().contiguous(), slot_mapping.long().contiguous()
             self._step_rope = (cos_sin, slot_mapping)
             self._rope_args = (cs.data_ptr(), cs.shape[1], slots.data_ptr(), cs, slots)
@@ -94,7 +105,9 @@ class CppOps:
     ) -> Tensor:
         n, hq, d = q.shape
         ok = q.dtype in DTYPES and k.dtype == v.dtype == kv.k.dtype == kv.v.dtype == q.dtype
-        if not (ok and _heads(q) and _heads(k) and _heads(v) and kv.k.is_contiguous() and kv.v.is_contiguous()):
+        if not (
+            ok and _heads(q) and _heads(k) and _heads(v) and kv.k.is_contiguous() and kv.v.is_contiguous()
+        ):
             return reference.rope_store_kv(q, k, v, cos_sin, kv, slot_mapping)
         out = torch.empty(n, hq, d, dtype=q.dtype)
         if n:
@@ -113,7 +126,15 @@ class CppOps:
             qo, lens = meta.qo_indptr.int().contiguous(), meta.kv_lens.int().contiguous()
             table = meta.page_table.int().contiguous()
             self._step_meta = key
-            self._meta_args = (table.data_ptr(), table.stride(0), qo.data_ptr(), lens.data_ptr(), qo, lens, table)
+            self._meta_args = (
+                table.data_ptr(),
+                table.stride(0),
+                qo.data_ptr(),
+                lens.data_ptr(),
+                qo,
+                lens,
+                table,
+            )
         return self._meta_args
 
     def attention(self, q: Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> Tensor:

@@ -40,7 +40,9 @@ def to_panels(w: QuantWeight) -> PanelWeight:
     panels, groups = -(-out // PANEL), k // GROUP
     pad = panels * PANEL - out
 
-    def by_panel(a: np.ndarray, dtype: type) -> np.ndarray:  # [out, ...] -> [panels, 16, ...], zero rows padded
+    def by_panel(
+        a: np.ndarray, dtype: type
+    ) -> np.ndarray:  # [out, ...] -> [panels, 16, ...], zero rows padded
         a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) if pad else a
         return a.astype(dtype, copy=False).reshape(panels, PANEL, *a.shape[1:])
 
@@ -48,7 +50,9 @@ def to_panels(w: QuantWeight) -> PanelWeight:
     half = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in scales)
 
     def floats(a: np.ndarray) -> np.ndarray:  # [out, groups] -> bytes [panels, groups, 32 or 64]
-        return np.ascontiguousarray(by_panel(a, np.float16 if half else np.float32).transpose(0, 2, 1)).view(np.uint8)
+        return np.ascontiguousarray(by_panel(a, np.float16 if half else np.float32).transpose(0, 2, 1)).view(
+            np.uint8
+        )
 
     if low is None:  # 8-bit: chunk c (0..15) byte 2r+e = q[r][2c+e]
         ints = by_panel(q, np.int8).reshape(panels, PANEL, groups, 16, 2).transpose(0, 2, 3, 1, 4)
