@@ -79,15 +79,16 @@ def sgjit_runner(rt, batch: list[list[int]]) -> Callable[[int], Any]:
     return gen
 
 
-def llama_cpp_runner(rt, ids: list[int]) -> Callable[[int], Any]:
-    """llama-cpp-python on the same GGUF file and prompt: greedy, exactly n new tokens (EOS not
-    checked: `Llama.generate` yields until told to stop), the prompt evaluated afresh each time.
-    `use_extra_bufts=False`: it crashes on these AMX-capable CPUs otherwise."""
+def llama_cpp_runner(rt, ids: list[int], threads: int) -> Callable[[int], Any]:
+    """llama-cpp-python on the same GGUF file and prompt with `threads` threads (sgjit's engine
+    thread count): greedy, exactly n new tokens (EOS not checked: `Llama.generate` yields until told
+    to stop), the prompt evaluated afresh each time. `use_extra_bufts=False`: it crashes on these
+    AMX-capable CPUs otherwise."""
     from llama_cpp import Llama
 
     llm = Llama(
-        model_path=str(rt.model_path), n_ctx=4096, n_threads=torch.get_num_threads(), use_extra_bufts=False,
-        verbose=False,
+        model_path=str(rt.model_path), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+        use_extra_bufts=False, verbose=False,
     )  # fmt: skip
 
     def gen(n: int) -> Any:

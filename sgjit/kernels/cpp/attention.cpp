@@ -1,10 +1,14 @@
 // Causal attention of ragged query rows over the paged KV pool, decode and prefill alike. Work
 // items are (row, kv head, 16 query lanes), a lane being one (query token, q head of the group).
 // Each lane's result is computed in one order that depends on its own query and keys only:
-//   s_t = scale * sum_d q[d] k_t[d]   (one fma chain over d)      for t <= its position
+//   s_t = scale * tree(P),  P_j = sum over c of q[16c+j] k_t[16c+j]  (an fma chain over c), for t <= its
+//         position, tree = f16_sum's fixed pairing of the 16 P_j
 //   p_t = exp(s_t - max s), l = sum_t p_t (t ascending)
 //   out = (sum over even t of p_t v_t + sum over odd t of p_t v_t) / l
-// so a query gives the same output alone, in a batch, or in a prefill chunk of any size. Slots
+// so a query gives the same output alone, in a batch, or in a prefill chunk of any size. The scores
+// come two ways with that same arithmetic: decode items (a few lanes) run each query's P as one
+// vector against a key at a time; wider items keep the 16 P_j in 16 registers, each a vector over
+// the lanes, so one key row serves 16 queries. Slots
 // past a row's length are never read (the CPU pool is not zeroed; see kv_pool.py).
 #include "common.h"
 
@@ -14,6 +18,9 @@
 #include <vector>
 
 namespace sgjit {
+
+constexpr int64_t kMaxChunks = 16;  // head_dim <= 256, in vectors of 16
+constexpr int64_t kNarrowLanes = 4;  // items this narrow (decode: one query per head) score one lane at a time
 
 struct AttnItem {
   int32_t row, head, lane0;
@@ -50,34 +57,42 @@ static void attend_item(const AttnItem& it, const T* q, int64_t sq, const PagedK
     pos[j] = kv_len - q_len + i;
     tmax = std::max(tmax, pos[j]);
   }
-  const int64_t keys = tmax + 1;
+  const int64_t keys = tmax + 1, nc = D / 16;
   buf.resize(D * 16 + keys * 16);
-  float* qT = buf.data();  // [D][16 lanes]
-  float* sc = qT + D * 16;  // [T][16 lanes]: scores, then probabilities
-  std::fill(qT, qT + D * 16, 0.0f);
-  for (int64_t j = 0; j < lanes; ++j)
-    for (int64_t d = 0; d < D; ++d) qT[d * 16 + j] = to_float(q[tok[j] * sq + head[j] * D + d]);
-
+  float* qT = buf.data();  // [D][16 lanes] (wide items) or [lanes][D] (narrow ones)
+  float* sc = qT + D * 16;  // [keys][16 lanes]: scores, then probabilities
   const float neg_inf = -std::numeric_limits<float>::infinity();
   F16 mx = f16_set1(neg_inf);
-  const F16 vscale = f16_set1(scale);
-  constexpr int64_t KB = 4;  // keys in flight: independent chains
-  for (int64_t t0 = 0; t0 < keys; t0 += KB) {
-    const int64_t nk = std::min(KB, keys - t0);
-    const T* kp[KB];
-    F16 acc[KB];
-    for (int64_t u = 0; u < KB; ++u) {
-      kp[u] = kv.key(b, t0 + std::min(u, nk - 1), it.head);
-      acc[u] = f16_set1(0.0f);
+  if (lanes <= kNarrowLanes) {
+    std::fill(sc, sc + keys * 16, neg_inf);
+    for (int64_t j = 0; j < lanes; ++j) {
+      const T* qr = q + tok[j] * sq + head[j] * D;
+      F16 qv[kMaxChunks];
+      for (int64_t c = 0; c < nc; ++c) qv[c] = f16_load(qr + c * 16);
+      for (int64_t t = 0; t <= pos[j]; ++t) {
+        const T* k = kv.key(b, t, it.head);
+        F16 p = f16_mul(qv[0], f16_load(k));
+        for (int64_t c = 1; c < nc; ++c) p = f16_fma(qv[c], f16_load(k + c * 16), p);
+        sc[t * 16 + j] = f16_sum(p) * scale;
+      }
     }
-    for (int64_t d = 0; d < D; ++d) {
-      F16 qd = f16_load(qT + d * 16);
-      for (int64_t u = 0; u < KB; ++u) acc[u] = f16_fma(qd, f16_set1(to_float(kp[u][d])), acc[u]);
-    }
-    for (int64_t u = 0; u < nk; ++u) {
-      int64_t t = t0 + u;
+    for (int64_t t = 0; t < keys; ++t) mx = f16_max(mx, f16_load(sc + t * 16));
+  } else {
+    std::fill(qT, qT + D * 16, 0.0f);
+    for (int64_t j = 0; j < lanes; ++j)
+      for (int64_t d = 0; d < D; ++d) qT[d * 16 + j] = to_float(q[tok[j] * sq + head[j] * D + d]);
+    const F16 vscale = f16_set1(scale);
+    for (int64_t t = 0; t < keys; ++t) {
+      const T* k = kv.key(b, t, it.head);
+      F16 p[16];
+      for (int64_t j = 0; j < 16; ++j) p[j] = f16_mul(f16_load(qT + j * 16), f16_set1(to_float(k[j])));
+      for (int64_t c = 1; c < nc; ++c)
+        for (int64_t j = 0; j < 16; ++j)
+          p[j] = f16_fma(f16_load(qT + (16 * c + j) * 16), f16_set1(to_float(k[16 * c + j])), p[j]);
+      for (int64_t w = 8; w >= 1; w /= 2)
+        for (int64_t j = 0; j < w; ++j) p[j] = f16_add(p[j], p[j + w]);
       float s[16];
-      f16_to_array(f16_mul(acc[u], vscale), s);
+      f16_to_array(f16_mul(p[0], vscale), s);
       for (int64_t j = 0; j < 16; ++j)
         if (pos[j] < t) s[j] = neg_inf;
       F16 sv = f16_load(s);
@@ -93,9 +108,8 @@ static void attend_item(const AttnItem& it, const T* q, int64_t sq, const PagedK
   }
   float lsum[16];
   f16_to_array(l, lsum);
-  constexpr int64_t kMaxVec = 16;  // head_dim <= 256
   for (int64_t j = 0; j < lanes; ++j) {
-    F16 even[kMaxVec], odd[kMaxVec];
+    F16 even[kMaxChunks], odd[kMaxChunks];
     const int64_t nv = D / 16;
     for (int64_t c = 0; c < nv; ++c) even[c] = odd[c] = f16_set1(0.0f);
     int64_t t = 0;

@@ -221,11 +221,22 @@ inline void f16_store_n(uint16_t* p, F16 x, int64_t n) {
 
 // The sum of the 16 lanes in one fixed tree: lane i + lane i+8, then +4, +2, +1.
 inline float f16_sum(F16 x) {
+#if defined(SGJIT_AVX512) || defined(SGJIT_AVX2)
+#if defined(SGJIT_AVX512)
+  __m256 t = _mm256_add_ps(_mm512_castps512_ps256(x.v), _mm512_extractf32x8_ps(x.v, 1));
+#else
+  __m256 t = _mm256_add_ps(x.lo, x.hi);
+#endif
+  __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+#else
   float a[16];
   f16_to_array(x, a);
   for (int w = 8; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
   return a[0];
+#endif
 }
 
 inline float f16_hmax(F16 x) {

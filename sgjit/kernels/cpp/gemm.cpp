@@ -351,8 +351,8 @@ static void linear_panels_t(const X* x, int64_t M, int64_t K, int64_t ldx, const
     for (int64_t m = b; m < e; ++m) quantize_row(x + m * ldx, K, q + m * K, d + m * G, s + m * G);
   });
   Activations a{q, d, s, K, G};
-  // ~20k group-panel products a thread before a second thread pays for waking it
-  int64_t grain = std::max<int64_t>(kDecodePanels, 20000 / std::max<int64_t>(1, M * G));
+  // a second thread pays for waking it from ~1000 (panel, group, row) products, ~20 us of work
+  int64_t grain = std::max<int64_t>(kDecodePanels, 1000 / std::max<int64_t>(1, M * G));
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
     if (bits == 4 && half_scales)
       run_tiles<4, uint16_t>(w, G * kRecord<4, uint16_t>, a, M, N, bias, y, ldy, p0, p1);
