@@ -17,9 +17,20 @@
 
 #include <ATen/Parallel.h>
 
+#include <utility>
 #include <vector>
 
 namespace sgjit {
+
+// f(integral_constant<int, 0>) ... f(integral_constant<int, N - 1>), unrolled by the compiler
+template <typename F, int... I>
+inline void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+inline void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
 
 constexpr int64_t kGroup = 32, kPanel = 16, kMBlock = 64;
 
@@ -128,66 +139,71 @@ inline __m512i dot_pairs(__m512i acc, __m512i w, __m512i x) {
 #endif
 }
 
-// MT activation rows x NP panels; CH independent integer chains per (row, panel) for latency.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
+// MT activation rows x NP panels; CH independent integer chains per (row, panel) for latency.
+// Every loop is unrolled at compile time (static_for) so the accumulators stay in registers.
 template <int BITS, typename S, int MT, int NP, int CH>
 static void tile(const uint8_t* w, int64_t pstride, const Activations& a, int64_t m0, float* out) {
   constexpr int64_t rec = kRecord<BITS, S>, qbytes = kQBytes<BITS, S>;
   __m512 acc[MT][NP];
-  for (int m = 0; m < MT; ++m)
-    for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_setzero_ps();
+  static_for<MT>([&](auto m) { static_for<NP>([&](auto p) { acc[m][p] = _mm512_setzero_ps(); }); });
   const __m512i low4 = _mm512_set1_epi16(0x0f);
   for (int64_t g = 0; g < a.G; ++g) {
     __m512i s[CH][MT][NP];
-    for (int c = 0; c < CH; ++c)
-      for (int m = 0; m < MT; ++m)
-        for (int p = 0; p < NP; ++p) s[c][m][p] = _mm512_setzero_si512();
+    static_for<CH>([&](auto c) {
+      static_for<MT>([&](auto m) { static_for<NP>([&](auto p) { s[c][m][p] = _mm512_setzero_si512(); }); });
+    });
     const int32_t* xp[MT];
-    for (int m = 0; m < MT; ++m) xp[m] = reinterpret_cast<const int32_t*>(a.q + (m0 + m) * a.K + g * kGroup);
-    for (int p = 0; p < NP; ++p) prefetch_record(w + p * pstride + (g + kPrefetch) * rec, rec);
+    static_for<MT>([&](auto m) { xp[m] = reinterpret_cast<const int32_t*>(a.q + (m0 + m) * a.K + g * kGroup); });
+    static_for<NP>([&](auto p) { prefetch_record(w + p * pstride + (g + kPrefetch) * rec, rec); });
     if constexpr (BITS == 4) {
-      for (int c = 0; c < 8; ++c) {
-        for (int p = 0; p < NP; ++p) {
+      static_for<8>([&](auto c) {
+        constexpr int lo = (2 * c) % CH, hi = (2 * c + 1) % CH;
+        __m512i xl[MT], xh[MT];
+        static_for<MT>([&](auto m) {
+          xl[m] = _mm512_set1_epi32(xp[m][2 * c]);
+          xh[m] = _mm512_set1_epi32(xp[m][2 * c + 1]);
+        });
+        static_for<NP>([&](auto p) {
           const uint8_t* r = w + p * pstride + g * rec + c * 32;
           __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r)));
-          __m512i lo = _mm512_and_si512(wv, low4), hi = _mm512_srli_epi16(wv, 4);
-          for (int m = 0; m < MT; ++m) {
-            auto& s0 = s[(2 * c) % CH][m][p];
-            s0 = dot_pairs(s0, lo, _mm512_set1_epi32(xp[m][2 * c]));
-            auto& s1 = s[(2 * c + 1) % CH][m][p];
-            s1 = dot_pairs(s1, hi, _mm512_set1_epi32(xp[m][2 * c + 1]));
-          }
-        }
-      }
+          __m512i wl = _mm512_and_si512(wv, low4), wh = _mm512_srli_epi16(wv, 4);
+          static_for<MT>([&](auto m) {
+            s[lo][m][p] = dot_pairs(s[lo][m][p], wl, xl[m]);
+            s[hi][m][p] = dot_pairs(s[hi][m][p], wh, xh[m]);
+          });
+        });
+      });
     } else {
-      for (int c = 0; c < 16; ++c) {
-        for (int p = 0; p < NP; ++p) {
+      static_for<16>([&](auto c) {
+        constexpr int k = c % CH;
+        __m512i xv[MT];
+        static_for<MT>([&](auto m) { xv[m] = _mm512_set1_epi32(xp[m][c]); });
+        static_for<NP>([&](auto p) {
           const uint8_t* r = w + p * pstride + g * rec + c * 32;
           __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r)));
-          for (int m = 0; m < MT; ++m) {
-            auto& s0 = s[c % CH][m][p];
-            s0 = dot_pairs(s0, wv, _mm512_set1_epi32(xp[m][c]));
-          }
-        }
-      }
+          static_for<MT>([&](auto m) { s[k][m][p] = dot_pairs(s[k][m][p], wv, xv[m]); });
+        });
+      });
     }
-    for (int p = 0; p < NP; ++p) {
+    static_for<NP>([&](auto p) {
       const S* sc = reinterpret_cast<const S*>(w + p * pstride + g * rec + qbytes);
       __m512 ws = load16(sc);
-      for (int m = 0; m < MT; ++m) {
+      static_for<MT>([&](auto m) {
         __m512i isum = s[0][m][p];
-        for (int c = 1; c < CH; ++c) isum = _mm512_add_epi32(isum, s[c][m][p]);
+        static_for<CH - 1>([&](auto c) { isum = _mm512_add_epi32(isum, s[c + 1][m][p]); });
         __m512 t = _mm512_mul_ps(ws, _mm512_set1_ps(a.d[(m0 + m) * a.G + g]));
         acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, acc[m][p]);
         if constexpr (BITS == 4)
           acc[m][p] = _mm512_fmadd_ps(load16(sc + kPanel), _mm512_set1_ps(a.s[(m0 + m) * a.G + g]), acc[m][p]);
-      }
-    }
+      });
+    });
   }
-  for (int m = 0; m < MT; ++m)
-    for (int p = 0; p < NP; ++p) _mm512_storeu_ps(out + (m * NP + p) * kPanel, acc[m][p]);
+  static_for<MT>([&](auto m) {
+    static_for<NP>([&](auto p) { _mm512_storeu_ps(out + (m * NP + p) * kPanel, acc[m][p]); });
+  });
 }
 
 #elif defined(SGJIT_AVX2)
@@ -315,17 +331,17 @@ static void run_tiles(const uint8_t* w, int64_t pstride, const Activations& a, i
         int mt = int(std::min<int64_t>(4, me - m));
         if (np == kTilePanels) {
           switch (mt) {
-            case 4: tile<BITS, S, 4, kTilePanels, 2>(wp, pstride, a, m, acc); break;
-            case 3: tile<BITS, S, 3, kTilePanels, 2>(wp, pstride, a, m, acc); break;
-            case 2: tile<BITS, S, 2, kTilePanels, 2>(wp, pstride, a, m, acc); break;
-            default: tile<BITS, S, 1, kTilePanels, 2>(wp, pstride, a, m, acc); break;
+            case 4: tile<BITS, S, 4, kTilePanels, 1>(wp, pstride, a, m, acc); break;
+            case 3: tile<BITS, S, 3, kTilePanels, 1>(wp, pstride, a, m, acc); break;
+            case 2: tile<BITS, S, 2, kTilePanels, 1>(wp, pstride, a, m, acc); break;
+            default: tile<BITS, S, 1, kTilePanels, 1>(wp, pstride, a, m, acc); break;
           }
         } else {
           switch (mt) {
-            case 4: tile<BITS, S, 4, 1, 2>(wp, pstride, a, m, acc); break;
-            case 3: tile<BITS, S, 3, 1, 2>(wp, pstride, a, m, acc); break;
-            case 2: tile<BITS, S, 2, 1, 2>(wp, pstride, a, m, acc); break;
-            default: tile<BITS, S, 1, 1, 2>(wp, pstride, a, m, acc); break;
+            case 4: tile<BITS, S, 4, 1, 1>(wp, pstride, a, m, acc); break;
+            case 3: tile<BITS, S, 3, 1, 1>(wp, pstride, a, m, acc); break;
+            case 2: tile<BITS, S, 2, 1, 1>(wp, pstride, a, m, acc); break;
+            default: tile<BITS, S, 1, 1, 1>(wp, pstride, a, m, acc); break;
           }
         }
         store_rows(acc, mt, np, m, p * kPanel, N, bias, y, ldy);
