@@ -82,23 +82,30 @@ def sgjit_runner(rt, batch: list[list[int]]) -> Callable[[int], Any]:
 def llama_cpp_runner(rt, ids: list[int], threads: int) -> Callable[[int], Any]:
     """llama-cpp-python on the same GGUF file and prompt with `threads` threads (sgjit's engine
     thread count): greedy, exactly n new tokens (EOS not checked: `Llama.generate` yields until told
-    to stop), the prompt evaluated afresh each time. `use_extra_bufts=False`: it crashes on these
-    AMX-capable CPUs otherwise."""
+    to stop), the prompt evaluated afresh each time. Built and run on sgjit's engine thread, as the
+    transformers peer: its ggml CPU backend is OpenMP too, and a second OpenMP pool on another
+    thread halved sgjit's 2-thread decode here (146 -> 72 tok/s). `use_extra_bufts=False`: it
+    crashes on these AMX-capable CPUs otherwise."""
     from llama_cpp import Llama
 
-    llm = Llama(
-        model_path=str(rt.model_path), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
-        use_extra_bufts=False, verbose=False,
+    llm = rt.engine.call(
+        lambda: Llama(
+            model_path=str(rt.model_path), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+            use_extra_bufts=False, verbose=False,
+        )
     )  # fmt: skip
 
     def gen(n: int) -> Any:
-        out = []
-        llm.reset()  # else generate() reuses the cached prompt prefix and skips the prefill
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            out.append(tok)
-            if len(out) == n:
-                break
-        return out
+        def run() -> list[int]:
+            out = []
+            llm.reset()  # else generate() reuses the cached prompt prefix and skips the prefill
+            for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+                out.append(tok)
+                if len(out) == n:
+                    break
+            return out
+
+        return rt.engine.call(run)
 
     return gen
 
