@@ -70,3 +70,8 @@ class TraceError(ProgramError):
 
 class KernelError(SgjitError):
     """A CUDA kernel failed to compile or launch (callers fall back to the reference op)."""
+
+
+class TensorParallelError(SgjitError):
+    """A rank of a tensor-parallel runtime failed, left or fell out of step with the others. The ranks
+    cannot recover together: every later request fails with this error until the runtime restarts."""

@@ -16,6 +16,19 @@ class EnvSettings:
     cache_dir: Path
     kernels: str  # "auto" | "reference" | "op=variant,op=variant"
     cpu_kernels: str  # "auto" | "off" | a tier of sgjit/kernels/cpp/build.py ("avx2", "portable", ...)
+    # seconds a tensor-parallel collective may wait for the other ranks before the runtime fails
+    # with an error (a rank that hangs); a rank that dies is noticed at once
+    tp_timeout_s: float
+    # "1": on a CPU, decode steps take the bucketed static-shape path that CUDA graphs capture, run
+    # uncaptured (as --no-cuda-graph runs it on a GPU): the graph path checked where there is no GPU
+    eager_decode_graphs: bool
+    # Debug builds of the sm_90 prefill kernel: a barrier wait longer than this many ms traps
+    # (attention_sm90.cu's watchdog) instead of hanging; 0 builds the kernel without it.
+    sm90_watchdog_ms: int
+    # Kernels written but not yet seen passing their GPU tests (the sm_90 prefill, the streaming
+    # decode): the selector offers them only when this is on, so a GPU runs the verified kernels
+    # by default while these are being checked (SGJIT_UNVERIFIED_KERNELS=1).
+    unverified_kernels: bool
 
     @classmethod
     def read(cls) -> EnvSettings:
@@ -23,6 +36,10 @@ class EnvSettings:
             cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
             kernels=_env("KERNELS", "auto"),
             cpu_kernels=_env("CPU_KERNELS", "auto"),
+            tp_timeout_s=float(_env("TP_TIMEOUT", "180")),
+            eager_decode_graphs=_env("EAGER_DECODE_GRAPHS", "0") == "1",
+            sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),
+            unverified_kernels=_env("UNVERIFIED_KERNELS", "0") == "1",
         )
 
 

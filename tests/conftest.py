@@ -103,3 +103,41 @@ def client(server):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def tp_rank_pids(parent: int | None = None) -> list[int]:
+    """Live tensor-parallel rank processes (`python -m sgjit.runtime.parallel`) started by `parent`
+    (this process by default); zombies count as gone."""
+    import os
+    from pathlib import Path
+
+    parent = os.getpid() if parent is None else parent
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, ...
+        if fields[0] != "Z" and int(fields[1]) == parent and b"sgjit.runtime.parallel" in cmdline:
+            pids.append(int(d.name))
+    return pids
+
+
+def wait_ended(pid: int, timeout: float = 30.0) -> bool:
+    """Whether process `pid` ends within `timeout` seconds (a zombie counts: it runs nothing and its
+    parent may not have reaped it yet)."""
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)

@@ -5,9 +5,15 @@ runtime while clients talk HTTP to it)."""
 from __future__ import annotations
 
 import json
+import os
+import queue
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,3 +69,39 @@ def wait_idle(runtime, timeout: float = 30.0) -> dict[str, Any]:
         if (s["running"] == 0 and s["waiting"] == 0) or time.monotonic() > deadline:
             return s
         time.sleep(0.02)
+
+
+class ServeProcess:
+    """`sgjit serve` as a user starts it: a child process of this repository's code, its log
+    (stderr) read line by line so a test can wait for a line."""
+
+    def __init__(self, *args: str, launcher: tuple[str, ...] = ()) -> None:
+        """`launcher`: a module that starts `sgjit.cli` itself, e.g. ("-m", "torch.distributed.run", ...)."""
+        repo = Path(__file__).resolve().parents[1]
+        self.proc = subprocess.Popen(
+            [sys.executable, *launcher, "-m", "sgjit.cli", "serve", *args], cwd=repo, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(repo)},
+        )  # fmt: skip
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            self.log.append(line)
+            if m := re.search(pattern, line):
+                return m
+        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.log)}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()

@@ -1,6 +1,7 @@
 """`python -m sgjit.bench.latency`: one batch, prefill and decode speed of sgjit with the JIT on,
-with it off, and Hugging Face transformers `generate`, on the same model, device and dtype, in one
-run, next to the rooflines measured at the start.
+with it off, Hugging Face transformers `generate`, and plain torch with its decode step in one CUDA
+graph (`torch-graph`, on sgjit's weights: torch_graph_peer.py), on the same model, device and dtype,
+in one run, next to the rooflines measured at the start.
 
 Method, the same for every engine: prefill (= TTFT of the batch) is the wall time of a 1-token
 generation; decode rate per sequence = (N - 1) / (time of an N-token generation - that); medians of
@@ -19,6 +20,7 @@ from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner, weight_bytes_read
 from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
 from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
+from sgjit.bench.torch_graph_peer import torch_graph_runner
 from sgjit.bench.workload import synthetic_requests
 
 log = logging.getLogger(__name__)
@@ -26,9 +28,17 @@ log = logging.getLogger(__name__)
 COLUMNS = [
     "engine", "batch", "prefill_ms", "prefill_roofline_ms", "prefill_tok_s", "decode_tok_s_per_seq",
     "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
-    "decode_vs_transformers", "prefill_vs_transformers",
+    "decode_vs_transformers", "prefill_vs_transformers", "decode_vs_torch_graph",
 ]  # fmt: skip
-ENGINES = ("sgjit-jit", "sgjit", "transformers", "sgjit-deterministic", "sgjit-fp8")
+ENGINES = (
+    "sgjit-jit",
+    "sgjit",
+    "transformers",
+    "torch-graph",
+    "sgjit-deterministic",
+    "sgjit-fp8",
+    "sgjit-jit-tp",
+)
 DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
@@ -42,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES)
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the sgjit-jit-tp engine")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
     add_output_args(p)
     return p
@@ -49,15 +60,19 @@ def parser() -> argparse.ArgumentParser:
 
 def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) -> tuple[float, float]:
     """(prefill seconds, decode tok/s per sequence) the hardware allows for this batch: a decode
-    step reads the weights as this runtime holds them (bf16, FP8, ...) and the KV; prefill counts
-    the FLOPs at the bf16 GEMM peak."""
+    step reads the weights as this runtime holds them (bf16, FP8, ...; of an MoE layer, the experts
+    the batch routes to) and the KV; prefill counts the FLOPs of the weights a token computes with
+    (an MoE model's active ones) at the bf16 GEMM peak. With tensor parallelism: one GPU's share
+    (rank 0's weights and KV heads, 1/tp of the FLOPs), at one GPU's ceilings."""
     mc = rt.model_config
+    share = rt.model.config if rt.config.tp > 1 else mc  # rank 0's heads
     elem = torch.empty(0, dtype=rt.dtype).element_size()
-    weights = weight_bytes_read(rt.model)
+    weights = weight_bytes_read(rt.model, rows=bs)
     ctx = input_len + output_len / 2
-    kv_bytes = bs * ctx * 2 * mc.num_layers * mc.kv_size * elem
+    kv_bytes = bs * ctx * 2 * mc.num_layers * share.kv_size * elem
     decode_step = (weights + kv_bytes) / (ceilings.bandwidth_gbps * 1e9)
-    flops = 2 * mc.num_params() * bs * input_len + 2 * mc.num_layers * mc.q_size * bs * input_len**2
+    flops = 2 * mc.active_params() * bs * input_len + 2 * mc.num_layers * mc.q_size * bs * input_len**2
+    flops /= rt.config.tp
     peak = (ceilings.gemm_tflops or 0.0) * 1e12
     prefill = flops / peak if peak else float("nan")
     return prefill, 1.0 / decode_step
@@ -79,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
     if "sgjit-fp8" in args.engines:  # the JIT with the layers' weights in FP8 (quantized at load)
         runtimes["sgjit-fp8"] = Runtime(model, enable_jit=True, quantization="fp8", **opts)
+    if "sgjit-jit-tp" in args.engines:  # the JIT over --tp ranks (its roofline: one GPU's share)
+        runtimes["sgjit-jit-tp"] = Runtime(model, enable_jit=True, tp=args.tp, **opts)
     base = runtimes["sgjit"]
     try:
         ceilings = base.engine.call(lambda: measure(base.device))
@@ -90,6 +107,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runners = {name: sgjit_runner(runtimes[name], batch) for name in args.engines if name in runtimes}
             if hf is not None:
                 runners["transformers"] = transformers_runner(base, hf, batch)
+            if "torch-graph" in args.engines:
+                runners["torch-graph"] = torch_graph_runner(base, batch, args.input_len + args.output_len + 8)
             before = {name: rt.stats() for name, rt in runtimes.items()}
             with profiled(base, args.profile, f"latency-b{bs}"):
                 times = interleaved(runners, args.output_len, args.repeat, sync)
@@ -108,10 +127,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "host_us_per_step": host_us.get(name),
                 })  # fmt: skip
             peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "transformers"), None)
+            graph_peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "torch-graph"), None)
             for r in rows:
                 if peer is not None and r["batch"] == bs and r is not peer:
                     r["decode_vs_transformers"] = r["decode_tok_s_per_seq"] / peer["decode_tok_s_per_seq"]
                     r["prefill_vs_transformers"] = peer["prefill_ms"] / r["prefill_ms"]
+                if graph_peer is not None and r["batch"] == bs and r is not graph_peer:
+                    r["decode_vs_torch_graph"] = (
+                        r["decode_tok_s_per_seq"] / graph_peer["decode_tok_s_per_seq"]
+                    )
     finally:
         for rt in runtimes.values():
             rt.shutdown()

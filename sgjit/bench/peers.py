@@ -16,6 +16,9 @@ _HF_CONFIG = {
     "mistral": "MistralConfig",
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
+    "mixtral": "MixtralConfig",
+    "qwen2_moe": "Qwen2MoeConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
 }
 
 
@@ -27,12 +30,32 @@ def hf_config(cfg: ModelConfig) -> Any:
         rope |= {"factor": cfg.rope.factor, "low_freq_factor": cfg.rope.low_freq_factor,
                  "high_freq_factor": cfg.rope.high_freq_factor,
                  "original_max_position_embeddings": cfg.rope.original_max_position}  # fmt: skip
-    return getattr(transformers, _HF_CONFIG[cfg.architecture])(
+    fields = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=cfg.tie_word_embeddings, rope_parameters=rope,
     )  # fmt: skip
+    return getattr(transformers, _HF_CONFIG[cfg.architecture])(**fields | _hf_moe(cfg))
+
+
+def _hf_moe(cfg: ModelConfig) -> dict[str, Any]:
+    moe = cfg.moe
+    if moe is None:
+        return {}
+    if cfg.architecture == "mixtral":  # its experts' width is the config's intermediate_size
+        return {
+            "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+            "intermediate_size": moe.intermediate_size,
+        }  # fmt: skip
+    out = {
+        "num_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+        "moe_intermediate_size": moe.intermediate_size, "norm_topk_prob": moe.norm_topk_prob,
+        "decoder_sparse_step": moe.sparse_step, "mlp_only_layers": list(moe.dense_layers),
+    }  # fmt: skip
+    if cfg.architecture == "qwen2_moe":
+        out["shared_expert_intermediate_size"] = moe.shared_intermediate_size
+    return out
 
 
 def load_transformers(rt) -> Any:
@@ -110,11 +133,15 @@ def llama_cpp_runner(rt, ids: list[int], threads: int) -> Callable[[int], Any]:
     return gen
 
 
-def weight_bytes_read(model) -> int:
-    """Bytes of GEMM and norm weights a decode step reads, in the form the ops hold them (fp32,
-    GGUF panels with fp32 scales, FP8 with fp32 scales, ...), plus the LM head; the embedding is a row gather."""
+def weight_bytes_read(model, rows: int = 1) -> int:
+    """Bytes of GEMM and norm weights a decode step of `rows` tokens reads, in the form the ops hold
+    them (fp32, GGUF panels with fp32 scales, FP8 with fp32 scales, ...), plus the LM head; the
+    embedding is a row gather. A sparse MoE layer reads its router, its shared expert and the
+    experts the rows route to: E·(1 − (1 − k/E)^rows) of its E on average when routing spreads
+    evenly, as it does on random weights (k at one row; all E at large batches)."""
     from sgjit.kernels.cpp.panels import PanelWeight
     from sgjit.kernels.fp8 import Fp8Weight
+    from sgjit.runtime.model.mlp import DenseMLP
 
     def size(w: Any) -> int:
         if w is None:
@@ -125,10 +152,18 @@ def weight_bytes_read(model) -> int:
             return w.data.numel() + 4 * w.scale.numel()
         return w.numel() * w.element_size()
 
+    def ffn(mlp: Any) -> float:
+        if mlp is None:
+            return 0
+        if isinstance(mlp, DenseMLP):
+            return size(mlp.gate_up) + size(mlp.down)
+        e, k = mlp.num_experts, mlp.top_k
+        read = 1 - (1 - k / e) ** rows  # the share of experts some row routes to
+        return size(mlp.router) + ffn(mlp.shared) + read * (size(mlp.gate_up) + size(mlp.down))
+
+    attention = ("attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "ffn_norm")
     total = size(model.lm_head) + size(model.final_norm)
     for layer in model.layers:
-        total += sum(
-            size(getattr(layer, f))
-            for f in ("attn_norm", "qkv", "qkv_bias", "o_proj", "ffn_norm", "gate_up", "down")
-        )
-    return total
+        total += sum(size(getattr(layer, f)) for f in attention)
+        total += ffn(layer.mlp)
+    return int(total)

@@ -122,7 +122,7 @@ async def server_roofline(client, url: str, headers: dict, args: argparse.Namesp
     if ceilings.gemm_tflops:
         # The whole run's bound: every prompt token's GEMM FLOPs at the GEMM peak, plus the decode
         # steps at the bandwidth bound (output tok/s counts the prefill time too).
-        prefill_s = 2 * info["num_params"] * args.input_len / (ceilings.gemm_tflops * 1e12)
+        prefill_s = 2 * info["active_params"] * args.input_len / (ceilings.gemm_tflops * 1e12)
         out["roofline_tok_s"] = args.output_len / (prefill_s + args.output_len / roof)
     return out
 

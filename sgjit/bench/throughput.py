@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rt.shutdown()
     out_tokens = sum(r.output_len for r in reqs)
     in_tokens = sum(len(r.input_ids) for r in reqs)
-    weight_bytes = weight_bytes_read(rt.model)
+    weight_bytes = weight_bytes_read(rt.model, rows=args.max_concurrency)
     step_roof = ceilings.read_gbps * 1e9 / weight_bytes  # decode steps/s when weights dominate
     row = {
         "workload": args.workload,

@@ -33,31 +33,6 @@ using namespace sgjit;
 
 namespace sgjit {
 
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-template <typename T> __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1);
-// One specialisation a 16-bit type: the PTX differs only in the operand type name.
-#define SGJIT_MMA16816(T, PTX_TYPE)                                                                \
-  template <> __device__ __forceinline__ void mma16816<T>(float* c, const u32* a, u32 b0, u32 b1) { \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE                      \
-                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                     \
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                    \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                    \
-  }
-SGJIT_MMA16816(__nv_bfloat16, "bf16")
-SGJIT_MMA16816(__half, "f16")
-#undef SGJIT_MMA16816
-
 // Element offset of 8-element chunk `c` of row `r` in a [rows, D] tile of 2-byte values, XOR
 // swizzled so the 8 rows an ldmatrix reads at one column land in 8 different bank groups.
 template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }

@@ -83,6 +83,17 @@ class Fp8Weight:
         return Fp8Weight(torch.cat([p.data for p in parts]).contiguous(), torch.cat([p.scale for p in parts]))
 
 
+def dequantize_blocks(
+    data: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """A block-scaled e4m3 weight (`scale_inv` [ceil(N/bn), ceil(K/bk)], float or e8m0) as `dtype`
+    with no re-quantization: exact in bf16 where the scales are powers of two (DeepSeek-V4's e8m0)."""
+    bn, bk = block
+    n, k = data.shape
+    scale = scale_inv.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return (data.float() * scale).to(dtype)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token e4m3 of activations [M, K]: (data, float32 scales [M, 1])."""
     xf = x.float()

@@ -1,5 +1,6 @@
 """`python -m sgjit.kernels.nvcc_check --check`: compile every registered kernel instantiation with the
-machine's nvcc for sm_80 and sm_90, so a template that no longer compiles fails CI without a GPU.
+machine's nvcc for sm_80 and sm_90 (the Hopper-only family for sm_90a alone), so a template that no
+longer compiles fails CI without a GPU.
 Exit status 1 names each instantiation that failed; `--resources` prints ptxas's registers, spills
 and shared memory per kernel (the first thing to read when a kernel is slow)."""
 
@@ -20,15 +21,22 @@ from pathlib import Path
 
 from sgjit.kernels.cuda.activation import silu_mul_name
 from sgjit.kernels.cuda.attention import attention_name, merge_name
+from sgjit.kernels.cuda.attention_sm90 import attention_sm90_name
+from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
+from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
+from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
-from sgjit.kernels.registry import CUDA, HALF_DTYPES, variant
+from sgjit.kernels.registry import CUDA, HALF_DTYPES, StreamTile, variant
+from sgjit.kernels.selector import FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS
 from sgjit.kernels.sources import family_source
 from sgjit.kernels.spec import ModelShapes
 
 ARCHS = ("sm_80", "sm_90")
+# Families whose code exists for one arch-specific target only (warpgroup MMAs: sm_90a).
+FAMILY_ARCHS = {"attention_sm90": ("sm_90a",)}
 # (head_dim, query heads per KV head) and hidden widths instantiated by default: those of the model
 # presets (tests/kernels/test_nvcc_check.py keeps this in step with sgjit.runtime.model.presets).
 HEAD_DIM_GROUPS = ((64, 3), (128, 4), (128, 7))
@@ -42,7 +50,8 @@ def _shapes(dtype: str, kv: str, head_dim: int, group: int, page: int) -> ModelS
 def instantiations(full: bool = False) -> dict[str, list[str]]:
     """family -> name expressions. The default set: every dtype x KV dtype x (head_dim, group) of the
     recorded model shapes at the preferred tiles, and every tile once; `full` adds the whole
-    product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from)."""
+    product with groups 1..8 and page sizes 16/32/64 (the set the GPU tests draw from), and the fused
+    GEMVs at every row bucket (by default: 1 row and the selector's fused rows)."""
     dtypes = sorted(HALF_DTYPES)
     kvs = ("same", "fp8_e4m3")
     dims_groups = list(HEAD_DIM_GROUPS)
@@ -60,18 +69,53 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         attn.add(merge_name(shapes))
     base = _shapes("bfloat16", "bfloat16", 128, 4, 16)
     attn |= {attention_name(base, t) for t in decode + prefill}
+    stream = _stream_instantiations(dtypes, kvs, dims_groups, full)
+    sm90_tiles = tiles["prefill_sm90"]
+    sm90 = {attention_sm90_name(base, t) for t in sm90_tiles}
+    for dt, (d, g), page in itertools.product(dtypes, dims_groups, pages):
+        shapes = _shapes(dt, dt, d, g, page)
+        sm90 |= {attention_sm90_name(shapes, t) for t in (sm90_tiles if full else sm90_tiles[:1])}
     widths = HIDDEN_WIDTHS
+    fused_buckets = ROW_BUCKETS if full else sorted({1, FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS})
     kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]
     return {
         "norm": sorted({norm_name(dt, w, add) for dt in dtypes for w in widths for add in (False, True)}),
         "activation": [silu_mul_name(dt) for dt in dtypes],
         "rope": sorted({rope_name(dt, kv, d, d) for dt, kv in kv_pairs for d in (64, 128)}),
         "attention": sorted(attn),
+        "decode": sorted(stream),
+        "attention_sm90": sorted(sm90),
         "sampling": list(SAMPLING_NAMES),
         "gemv": [
             gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS
+        ]
+        + [
+            fused_name(kernel, dt, w, b, kv)
+            for kernel in FUSED_KERNELS
+            for dt, kv in kv_pairs
+            for w in (dt, "fp8_e4m3")
+            for b in fused_buckets
+            if kernel == ROPE or kv == dt
         ],
     }
+
+
+def _stream_instantiations(
+    dtypes: list[str], kvs: tuple[str, ...], dims_groups: list[tuple[int, int]], full: bool
+) -> set[str]:
+    """decode.cu: every dtype x KV dtype x (head_dim, group) at a 2-head, 4-stage tile and its merge;
+    the Llama-3-8B shape (8 kv heads) at every ring depth of 8, 4 and 1 heads, bf16 and fp8; `full`
+    adds groups 12 and 16 and pages below and above the 16-key tile."""
+    pages = (4, 16, 64) if full else (16,)
+    groups = dims_groups + ([(d, g) for d in (64, 128) for g in (12, 16)] if full else [])
+    out = set()
+    for dt, kv, (d, g), page in itertools.product(dtypes, kvs, groups, pages):
+        shapes = ModelShapes(dt, dt if kv == "same" else kv, 0, 0, g * 2, 2, d, d, 0, page)
+        out |= {stream_decode_name(shapes, StreamTile(2, 4)), stream_merge_name(shapes)}
+    for kv in ("bfloat16", "fp8_e4m3"):
+        llama = ModelShapes("bfloat16", kv, 0, 0, 32, 8, 128, 128, 0, 16)
+        out |= {stream_decode_name(llama, StreamTile(h, s)) for h in (8, 4, 1) for s in (2, 3, 4, 6)}
+    return out
 
 
 @dataclass(slots=True)
@@ -93,9 +137,12 @@ def find_nvcc() -> str | None:
     return str(path) if path.exists() else None
 
 
-def compile_unit(nvcc: str, family: str, names: list[str], arch: str, resources: bool) -> Result:
+def compile_unit(
+    nvcc: str, family: str, names: list[str], arch: str, resources: bool, defines: tuple[str, ...] = ()
+) -> Result:
     """One nvcc run over a family's source with each name expression instantiated (taking a
-    kernel's address makes nvcc emit it, as NVRTC's name expressions do)."""
+    kernel's address makes nvcc emit it, as NVRTC's name expressions do); `defines` are NAME=VALUE
+    macros, as compile_kernels takes them."""
     refs = "\n".join(f"static void* const sgjit_inst_{i} = (void*)&{n};" for i, n in enumerate(names))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +151,7 @@ def compile_unit(nvcc: str, family: str, names: list[str], arch: str, resources:
         cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-diag-suppress", "177", "-o", str(src.with_suffix(".cubin")), str(src)]  # fmt: skip
         if resources:
             cmd.insert(1, "-Xptxas=-v")
+        cmd[1:1] = [f"-D{d}" for d in defines]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     return Result(
         family, arch, names, proc.returncode == 0, proc.stdout + proc.stderr, time.perf_counter() - t0
@@ -144,7 +192,7 @@ def check(
     for item in extra:
         family, _, name = item.partition(":")
         units.setdefault(family, []).append(name)
-    todo = [(f, names, a) for f, names in units.items() for a in archs]
+    todo = [(f, names, a) for f, names in units.items() for a in FAMILY_ARCHS.get(f, archs)]
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         results = list(pool.map(lambda t: compile_unit(nvcc, *t, resources), todo))
         # A family that failed is recompiled one instantiation at a time to name the culprits.

@@ -83,8 +83,24 @@ Attention = Callable[[torch.Tensor, LayerKV, AttentionMetadata, float], torch.Te
 SiluMul = Callable[[torch.Tensor], torch.Tensor]
 # (x, weight as prepare_weight returned it, bias) -> x @ weight.T + bias
 Linear = Callable[[torch.Tensor, Any, "torch.Tensor | None"], torch.Tensor]
+# The decode step's fused ops, each the sequence of unfused ops it replaces (reference.Composition):
+# (x, norm weight, eps, weight, bias) -> linear(rmsnorm(x), weight, bias)
+RMSNormLinear = Callable[[torch.Tensor, torch.Tensor, float, Any, "torch.Tensor | None"], torch.Tensor]
+# (x, norm weight, eps, qkv weight, qkv bias, cos_sin [N, R], kv, slot_mapping [N]) -> rotated q [N, Hq, D]:
+# rope_store_kv on the q|k|v split of rmsnorm_linear (head counts from the pool and the weight)
+RMSNormQKVRope = Callable[
+    [torch.Tensor, torch.Tensor, float, Any, "torch.Tensor | None", torch.Tensor, LayerKV, torch.Tensor],
+    torch.Tensor,
+]
+# (x, norm weight, eps, gate|up weight) -> silu_mul(rmsnorm_linear(...))
+RMSNormGateUpSilu = Callable[[torch.Tensor, torch.Tensor, float, Any], torch.Tensor]
+# (x, weight, residual) -> residual + linear(x, weight)
+LinearResidual = Callable[[torch.Tensor, Any, torch.Tensor], torch.Tensor]
 # weight [out, in] -> the form `linear` wants (identity for torch; a packed layout for oneDNN)
 PrepareWeight = Callable[[torch.Tensor], Any]
+# (x [N,H], topk_ids int64 [N,K], topk_weights float32 [N,K], w_gate_up [E,2I,H], w_down [E,H,I]) -> [N,H]:
+# row n = sum over k of topk_weights[n,k] * down_e(silu(gate_e(x_n)) * up_e(x_n)), e = topk_ids[n,k]
+MoeExperts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # (logits [B,V] float32, bitmask int32 [B, ceil(V/32)]) -> None; bit v of row b clear => logits[b, v] = -inf
 ApplyBitmask = Callable[[torch.Tensor, torch.Tensor], None]
 # (logits [B,V] float32, params, generator) -> token ids int64 [B]
@@ -100,10 +116,19 @@ class OpTable:
     silu_mul: SiluMul
     linear: Linear
     prepare_weight: PrepareWeight
+    moe_experts: MoeExperts
     apply_bitmask: ApplyBitmask
     sample: Sample
+    rmsnorm_linear: RMSNormLinear
+    rmsnorm_qkv_rope: RMSNormQKVRope
+    rmsnorm_gate_up_silu: RMSNormGateUpSilu
+    linear_residual: LinearResidual
+    # Steps of at most this many tokens run a layer as the fused ops (rmsnorm_qkv_rope, attention,
+    # linear_residual, rmsnorm_gate_up_silu, linear_residual) and the logits as rmsnorm_linear;
+    # larger ones as the unfused ops. 0 (the reference and CPU tables): never.
+    fused_rows: int = 0
 
-    def with_overrides(self, **ops: Callable) -> OpTable:
+    def with_overrides(self, **ops: Any) -> OpTable:
         unknown = set(ops) - {f.name for f in fields(self)}
         if unknown:
             raise KeyError(f"unknown ops {sorted(unknown)}")
@@ -111,4 +136,5 @@ class OpTable:
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+        """The ops (every field but `fused_rows`)."""
+        return [f.name for f in fields(cls) if f.name != "fused_rows"]

@@ -4,12 +4,23 @@ vectorised over rows because it is also what serves on CPU."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from sgjit.kernels import fp8
 from sgjit.kernels.fp8 import Fp8Weight
-from sgjit.kernels.ops import AttentionMetadata, LayerKV, OpTable, SamplingTensors
+from sgjit.kernels.ops import (
+    AttentionMetadata,
+    LayerKV,
+    Linear,
+    OpTable,
+    RMSNorm,
+    RopeStoreKV,
+    SamplingTensors,
+    SiluMul,
+)
 from sgjit.kernels.quant import QuantWeight
 
 
@@ -141,6 +152,85 @@ def prepare_weight(weight: torch.Tensor | QuantWeight) -> torch.Tensor:
     return weight.dequantize() if isinstance(weight, QuantWeight) else weight  # fp32 on the CPU
 
 
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """Routed experts: the (token, choice) pairs sorted by expert, one gate|up and one down GEMM per
+    expert that has tokens, each result weighted and added into its token's row in float32, in
+    expert order (Hugging Face's order, so float32 results agree with it to the GEMMs' rounding).
+    Reads the per-expert counts on the host: eager only, a CUDA graph cannot capture it."""
+    n, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    rows, weights = order // k, topk_weights.reshape(-1)[order].float()
+    out = torch.zeros(n, x.shape[-1], dtype=torch.float32, device=x.device)
+    start = 0
+    for e, count in enumerate(counts):
+        if count:
+            idx = rows[start : start + count]
+            y = F.linear(silu_mul(F.linear(x[idx], w_gate_up[e])), w_down[e])
+            out.index_add_(0, idx, y.float() * weights[start : start + count, None])
+        start += count
+    return out.to(x.dtype)
+
+
+class Composition:
+    """The fused decode ops computed as the unfused ops they replace, on the given ops: with the torch
+    ops below it is the reference of each fused op (what the CPU, the reference path and every
+    fused-kernel test compare with); with the CUDA kernels it is what a fused kernel falls back to
+    for a step it does not serve."""
+
+    def __init__(
+        self, rmsnorm: RMSNorm, linear: Linear, rope_store_kv: RopeStoreKV, silu_mul: SiluMul
+    ) -> None:
+        self.rmsnorm, self.linear, self.rope_store_kv, self.silu_mul = (
+            rmsnorm,
+            linear,
+            rope_store_kv,
+            silu_mul,
+        )
+
+    def rmsnorm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: Any,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.linear(self.rmsnorm(x, norm_weight, eps), weight, bias)
+
+    def rmsnorm_qkv_rope(
+        self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: Any, qkv_bias: torch.Tensor | None,
+        cos_sin: torch.Tensor, kv: LayerKV, slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        qkv = self.rmsnorm_linear(x, norm_weight, eps, qkv_weight, qkv_bias)
+        n, (hkv, d) = qkv.shape[0], kv.k.shape[2:]
+        q, k, v = qkv.split([qkv.shape[1] - 2 * hkv * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.reshape(n, -1, d), k.reshape(n, hkv, d), v.reshape(n, hkv, d)
+        return self.rope_store_kv(q, k, v, cos_sin, kv, slot_mapping)
+
+    def rmsnorm_gate_up_silu(
+        self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_up_weight: Any
+    ) -> torch.Tensor:
+        return self.silu_mul(self.rmsnorm_linear(x, norm_weight, eps, gate_up_weight, None))
+
+    def linear_residual(self, x: torch.Tensor, weight: Any, residual: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, weight, None) + residual
+
+
+_COMPOSED = Composition(rmsnorm, linear, rope_store_kv, silu_mul)
+rmsnorm_linear = _COMPOSED.rmsnorm_linear
+rmsnorm_qkv_rope = _COMPOSED.rmsnorm_qkv_rope
+rmsnorm_gate_up_silu = _COMPOSED.rmsnorm_gate_up_silu
+linear_residual = _COMPOSED.linear_residual
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     bits = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)[:, : logits.shape[1]]
@@ -188,5 +278,7 @@ def sample(
 
 REFERENCE_OPS = OpTable(
     rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rope_store_kv=rope_store_kv, attention=attention, silu_mul=silu_mul,
-    linear=linear, prepare_weight=prepare_weight, apply_bitmask=apply_bitmask, sample=sample,
+    linear=linear, prepare_weight=prepare_weight, moe_experts=moe_experts, apply_bitmask=apply_bitmask,
+    sample=sample, rmsnorm_linear=rmsnorm_linear, rmsnorm_qkv_rope=rmsnorm_qkv_rope,
+    rmsnorm_gate_up_silu=rmsnorm_gate_up_silu, linear_residual=linear_residual,
 )  # fmt: skip

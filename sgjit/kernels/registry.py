@@ -13,6 +13,7 @@ from sgjit.kernels.ops import OpTable
 
 REFERENCE = "reference"
 CUDA = "cuda"
+GROUPED_MM = "grouped_mm"
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
 KV_DTYPES = frozenset({"float16", "bfloat16", "fp8_e4m3"})
 
@@ -89,6 +90,65 @@ DECODE_PREFERENCE = {
     1: ("m1x1n2b32s3", "m1x1n2b32s2", "m1x1n4b64s3", "m1x1n4b64s2", "m1x1n2b64s2", "m1x1n4b128s2"),
 }
 
+
+@dataclass(frozen=True, slots=True)
+class StreamTile:
+    """One configuration of the streaming decode kernel (decode.cu): `heads` kv heads per CTA, one warp
+    each (a key's `heads * head_dim` elements are adjacent in the pool, so the CTA copies them as one
+    piece), and a `stages`-deep ring of 16-key tiles."""
+
+    heads: int
+    stages: int
+
+    # Registers a thread, an upper bound over the instantiations ptxas builds (160-170 on sm_90 for
+    # head_dim 128; `python -m sgjit.kernels.nvcc_check --resources`): bounds the CTAs an SM holds.
+    REGS = 192
+    KEYS = 16  # keys per tile
+
+    @property
+    def name(self) -> str:
+        return f"h{self.heads}s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.heads
+
+    def stage_bytes(self, head_dim: int, kv_bytes: int) -> int:
+        """K and V of one tile: 16 keys x `heads` rows of head_dim elements, each."""
+        return 2 * self.KEYS * self.heads * head_dim * kv_bytes
+
+    def smem_bytes(self, head_dim: int, kv_bytes: int, rows: int) -> int:
+        """The ring, then each row's key count and unit prefix (two ints a row, one more)."""
+        return self.stages * self.stage_bytes(head_dim, kv_bytes) + 4 * (2 * rows + 1)
+
+    def blocks_per_sm(
+        self, profile: DeviceProfile, head_dim: int, kv_bytes: int, rows: int, regs: int = 0
+    ) -> int:
+        """Resident CTAs per SM as shared memory, threads and registers allow (`regs`: the compiled
+        kernel's count when known; registers go to warps in units of 256)."""
+        smem = self.smem_bytes(head_dim, kv_bytes, rows)
+        if smem > profile.smem_per_block_optin:
+            return 0
+        per_warp = -(-32 * (regs or self.REGS) // 256) * 256
+        return max(0, min(
+            profile.smem_per_sm // (smem + 1024), profile.max_threads_per_sm // self.threads,
+            profile.regs_per_sm // (per_warp * self.heads), 32,
+        ))  # fmt: skip
+
+    def inflight_bytes(self, profile: DeviceProfile, head_dim: int, kv_bytes: int, rows: int) -> int:
+        """K/V bytes an SM has in flight while it computes: the tiles each resident CTA prefetches."""
+        per_cta = (self.stages - 1) * self.stage_bytes(head_dim, kv_bytes)
+        return self.blocks_per_sm(profile, head_dim, kv_bytes, rows) * per_cta
+
+
+# The attention op's `stream_decode` knob (decode.cu; the mma.sync decode tiles above remain for the
+# batch-invariant mode and groups over 16): every kv-head count a CTA may hold (the selector takes the
+# largest divisor of the model's kv heads up to 8) with every ring depth it may pick from the
+# device's shared memory.
+STREAM_TILES = tuple(StreamTile(h, s) for h in range(8, 0, -1) for s in (2, 3, 4, 6))
+STREAM_MAX_GROUP = 16  # query heads a kv head may serve: one m16 tile
+STREAM_HEAD_DIMS = frozenset({64, 128})
+
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.
 PREFILL_TILES = (
@@ -98,6 +158,42 @@ PREFILL_TILES = (
     AttnTile(2, 4, 1, 32, 3),
     AttnTile(2, 4, 1, 64, 2),
 )
+
+
+# The decode step's fused ops (one unit: the model runs a step either all fused or all unfused)
+FUSED_OPS = ("rmsnorm_linear", "rmsnorm_qkv_rope", "rmsnorm_gate_up_silu", "linear_residual")
+FUSED_ROW_CHOICES = (0, 1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class Sm90Tile:
+    """One tiling of the Hopper prefill kernel (attention_sm90.cu): 128 packed query rows over two
+    consumer warpgroups and a producer warpgroup, BN keys per tile, a STAGES-deep K/V ring."""
+
+    bn: int
+    stages: int
+
+    BM = 128
+    THREADS = 384
+
+    @property
+    def name(self) -> str:
+        return f"sm90b{self.bn}s{self.stages}"
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """As attention_sm90.cu lays it out: 1 KB of alignment slack (the swizzle atoms sit on 1 KB
+        boundaries), the Q tile, the K/V ring, three mbarriers a stage."""
+        return 1024 + self.BM * head_dim * 2 + self.stages * 2 * self.bn * head_dim * 2 + 3 * self.stages * 8
+
+    def fits(self, profile: DeviceProfile, head_dim: int) -> bool:
+        return self.smem_bytes(head_dim) <= profile.smem_per_block_optin
+
+
+# Only sm_90a has the warpgroup MMAs; its binaries run on compute capability 9.0 and nothing else.
+SM90_CC = (9, 0)
+SM90_HEAD_DIMS = frozenset({64, 128})
+# Preference order: 128-key tiles (half the softmax rounds a key) with the deepest ring that fits.
+SM90_PREFILL_TILES = (Sm90Tile(128, 2), Sm90Tile(64, 3), Sm90Tile(64, 4), Sm90Tile(128, 3))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +261,13 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
             "attention",
             (8, 0),
             head_dims=frozenset({64, 128}),
-            tunables={"decode_tile": DECODE_TILES, "prefill_tile": PREFILL_TILES},
-            doc="paged FA2 (mma.sync), GQA-packed rows, split-KV decode with merge",
+            tunables={
+                "decode_tile": DECODE_TILES,
+                "prefill_tile": PREFILL_TILES,
+                "prefill_sm90": SM90_PREFILL_TILES,
+            },
+            doc="paged FA2 (mma.sync), GQA-packed rows, split-KV decode with merge; on sm_90 prefill "
+            "by warpgroup MMAs (attention_sm90.cu)",
         ),
         _reference("attention"),
     ),  # fmt: skip
@@ -184,9 +285,31 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
         _reference("linear"),
     ),  # fmt: skip
     "prepare_weight": (_reference("prepare_weight"),),
+    "moe_experts": (
+        Variant(
+            "moe_experts",
+            GROUPED_MM,
+            None,
+            (9, 0),
+            dtypes=frozenset({"bfloat16"}),
+            kv_dtypes=None,
+            doc="torch._grouped_mm: all experts' gate|up in one grouped GEMM, all downs in another (no host sync)",
+        ),
+        _reference("moe_experts"),
+    ),  # fmt: skip
     "apply_bitmask": _sampling_op("apply_bitmask", "one pass over the logits, in place"),
     "sample": _sampling_op("sample", "radix-select thresholds + Philox exponential race, one block per row"),
-}
+    **{
+        op: (Variant(op, CUDA, "gemv", (8, 0), kv_dtypes=kv, tunables={"rows": FUSED_ROW_CHOICES}, doc=doc),
+             _reference(op))
+        for op, kv, doc in (
+            ("rmsnorm_linear", None, "GEMV with the RMSNorm of its rows in the prologue"),
+            ("rmsnorm_qkv_rope", KV_DTYPES, "norm + q|k|v GEMV, RoPE and the paged KV write in the epilogue"),
+            ("rmsnorm_gate_up_silu", None, "norm + gate|up GEMV, SiLU-and-mul in the epilogue"),
+            ("linear_residual", None, "GEMV with the residual add in the epilogue"),
+        )
+    },
+}  # fmt: skip
 assert set(VARIANTS) == set(OpTable.names()), "every op needs its variants listed"
 
 TORCH_ONLY_REASON = {

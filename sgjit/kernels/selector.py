@@ -16,14 +16,25 @@ from typing import Any
 
 from sgjit.errors import SgjitError
 from sgjit.kernels.arch import DeviceProfile, arch_hash
+from sgjit.kernels.grouped_moe import grouped_unsupported
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import (
     CUDA,
     DECODE_PREFERENCE,
+    FUSED_OPS,
+    FUSED_ROW_CHOICES,
+    HALF_DTYPES,
     REFERENCE,
+    SM90_CC,
+    SM90_HEAD_DIMS,
+    STREAM_HEAD_DIMS,
+    STREAM_MAX_GROUP,
+    STREAM_TILES,
     TORCH_ONLY_REASON,
     VARIANTS,
     AttnTile,
+    Sm90Tile,
+    StreamTile,
     variant,
 )
 from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
@@ -89,14 +100,70 @@ def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnT
     return dec[0], pre[0], why
 
 
+STREAM_INFLIGHT = 96 * 1024
+
+
+def _stream_tile(
+    profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+) -> tuple[StreamTile | None, str]:
+    """The streaming decode kernel's tile: the most kv heads a CTA can hold (a divisor of the model's,
+    up to 8: whole key rows of the pool per copy), then the shallowest ring that keeps ~96 KB of K/V
+    in flight per SM (HBM3 needs ~latency x bandwidth / SMs = 1 us x 4.8 TB/s / 132 = 36 KB; the
+    margin covers the stalls at segment starts), else the deepest that fits. None where the kernel
+    does not apply: batch-invariant mode (its partition depends on the whole batch), more than 16
+    query heads a kv head, head dims other than 64/128."""
+    if workload.batch_invariant:
+        return None, "batch-invariant: decode keeps the fixed-split mma.sync kernel"
+    if shapes.group > STREAM_MAX_GROUP or shapes.head_dim not in STREAM_HEAD_DIMS:
+        return None, f"group {shapes.group} / head_dim {shapes.head_dim}: decode keeps the mma.sync kernel"
+    d, kvb, rows = shapes.head_dim, shapes.kv_bytes, workload.max_batch
+    heads = [h for h in range(min(8, shapes.num_kv_heads), 0, -1) if shapes.num_kv_heads % h == 0]
+    for h in heads:
+        fits = [t for t in STREAM_TILES if t.heads == h and t.blocks_per_sm(profile, d, kvb, rows) >= 1]
+        if not fits:
+            continue
+        enough = [t for t in fits if t.inflight_bytes(profile, d, kvb, rows) >= STREAM_INFLIGHT]
+        tile = min(enough, key=lambda t: t.stages) if enough else max(fits, key=lambda t: t.stages)
+        kb = tile.inflight_bytes(profile, d, kvb, rows) // 1024
+        return tile, (
+            f"decode streams {tile.name}: {h} kv heads a CTA, {tile.stages}-tile ring, {kb} KB in flight a SM, "
+            f"keys of all rows split flat over {profile.sm_count} SMs"
+        )
+    return None, f"no streaming decode tile fits {profile.smem_per_block_optin // 1024} KB of shared memory"
+
+
+def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm90Tile | None, str]:
+    """The Hopper prefill kernel's tile where it serves: compute capability 9.0 exactly (sm_90a code
+    runs nowhere else), a 16-bit pool of the model's dtype (fp8 pools stay on mma.sync), head_dim 64
+    or 128, pages of at least BN / 32 slots; the first registered tile that fits shared memory."""
+    if profile.compute_capability != SM90_CC:
+        return None, ""
+    why_not = None
+    if shapes.dtype not in HALF_DTYPES or shapes.kv_dtype != shapes.dtype:
+        why_not = f"KV dtype {shapes.kv_dtype}"
+    elif shapes.head_dim not in SM90_HEAD_DIMS:
+        why_not = f"head_dim {shapes.head_dim}"
+    if why_not:
+        return None, f"; no sm_90 prefill ({why_not})"
+    for t in variant("attention", CUDA).tunables["prefill_sm90"]:
+        if t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
+            return (
+                t,
+                f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",
+            )
+    return None, "; no sm_90 prefill tile fits"
+
+
 class _Unfit(Exception):
     """A variant's heuristics found no tunable setting for this device."""
 
 
-# Rows up to which sgjit's GEMV beats the tensor-core GEMMs, from the H200 sweep in
-# docs/performance.md (`python -m sgjit.bench.kernels --only gemv`).
+# Rows up to which sgjit's GEMV beats the tensor-core GEMMs on every Llama-3-8B weight, from the
+# Hopper sweep in docs/performance.md (`python -m sgjit.bench.kernels --only gemv`, H100 2026-12-06):
+# bf16 1.02-1.11x cuBLAS at M=1 and behind it from M=2; fp8 1.14-3.8x cuBLASLt's FP8 GEMM up to M=4,
+# behind it on gate_up and down at M=8.
 GEMV_DENSE_ROWS = 1
-GEMV_FP8_ROWS = 8
+GEMV_FP8_ROWS = 4
 
 
 def _gemv_rows(profile: DeviceProfile, workload: Workload) -> tuple[dict[str, Any], str]:
@@ -109,14 +176,58 @@ def _gemv_rows(profile: DeviceProfile, workload: Workload) -> tuple[dict[str, An
     )
 
 
+# Rows up to which a decode step runs as the fused GEMVs (the norm, RoPE + KV write, SiLU-and-mul and
+# residual adds inside the projections: 5 kernels a layer instead of 10). The fused kernels are the GEMV,
+# so they take the GEMV's rows: one on a model whose layers stream for long (cuBLAS wins from two rows
+# on the 8B weights, docs/performance.md), more where a layer's weights stream in about what the
+# removed launches cost (SmolLM2: ~7 MB a layer, a few µs), so that the GEMV's slowdown with rows
+# costs less than the kernels it saves.
+FUSED_ROWS = 1
+FUSED_ROWS_SMALL_LAYERS = 4
+SMALL_LAYER_BYTES = 32 << 20
+# Shared memory for the rows a fused block normalises in its prologue (rows x hidden x 2 bytes): at
+# most this much, so several blocks share an SM.
+FUSED_NORM_SMEM = 64 * 1024
+
+
+def _layer_bytes(shapes: ModelShapes) -> int:
+    """Bytes of one decoder layer's projection weights in the model dtype."""
+    h, d = shapes.hidden, shapes.head_dim
+    qkv = h * (shapes.num_heads + 2 * shapes.num_kv_heads) * d
+    return 2 * (qkv + shapes.num_heads * d * h + 3 * h * shapes.intermediate)
+
+
+def _fused_rows(
+    profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+) -> tuple[dict[str, Any], str]:
+    if workload.batch_invariant:  # the unfused path serves larger steps: a row would change with its batch
+        raise _Unfit("batch-invariant mode: every step runs the unfused ops")
+    if not env().unverified_kernels:
+        raise _Unfit("fused decode GEMVs not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers them)")
+    small = _layer_bytes(shapes) <= SMALL_LAYER_BYTES
+    want = FUSED_ROWS_SMALL_LAYERS if small else FUSED_ROWS
+    budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)
+    fit = [b for b in FUSED_ROW_CHOICES if 0 < b <= want and b * shapes.hidden * 2 <= budget]
+    if not fit:
+        raise _Unfit(
+            f"one normalised row of {shapes.hidden} does not fit {budget // 1024} KB of shared memory"
+        )
+    return {"rows": fit[-1]}, (
+        f"decode steps of <= {fit[-1]} rows as fused GEMVs ({'small' if small else 'large'} layers: "
+        f"{_layer_bytes(shapes) >> 20} MB), larger ones unfused"
+    )
+
+
 def _parse_overrides(spec: str) -> dict[str, str]:
     """SGJIT_KERNELS: "auto" | "reference" | "op=variant,...". Unknown names are an error that
     lists the valid ones."""
     spec = spec.strip()
     if spec in ("", "auto"):
         return {}
-    if spec in (REFERENCE, CUDA):
+    if spec == REFERENCE:
         return {op: spec for op in OpTable.names()}
+    if spec == CUDA:  # every op that has a CUDA kernel; the others keep their automatic choice
+        return {op: spec for op in OpTable.names() if any(v.name == CUDA for v in VARIANTS[op])}
     out = {}
     for item in spec.split(","):
         op, sep, name = item.strip().partition("=")
@@ -228,10 +339,23 @@ class KernelSelector:
     ) -> tuple[dict[str, Any], str]:
         if op == "linear":
             return _gemv_rows(profile, workload)
+        if op in FUSED_OPS:
+            return _fused_rows(profile, shapes, workload)
+        if op == "moe_experts":
+            why_not = grouped_unsupported(profile, shapes)
+            if why_not:
+                raise _Unfit(why_not)
+            return {}, ""
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
-        tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre}
+        stream, stream_why = (
+            _stream_tile(profile, shapes, workload)
+            if env().unverified_kernels
+            else (None, "streaming decode not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers it)")
+        )
+        tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre, "stream_decode": stream}
+        why += f"; {stream_why}"
         if workload.batch_invariant:
             split_len = invariant_split_len(dec, workload.max_context)
             tunables.update(prefill_tile=dec, split_len=split_len)
@@ -239,6 +363,10 @@ class KernelSelector:
                 f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
                 f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
             )
+        sm90, sm90_why = _sm90_prefill_tile(profile, shapes) if env().unverified_kernels else (None, "")
+        if sm90 is not None:
+            tunables["prefill_sm90"] = sm90
+        why += sm90_why
         if self.autotune:
             for knob in ("decode_tile", "prefill_tile"):
                 tunables[knob], how = self._autotuned(profile, shapes, workload, knob, tunables[knob])

@@ -10,7 +10,7 @@ from pathlib import Path
 import xxhash
 
 KERNEL_DIR = Path(__file__).resolve().parent
-FAMILIES = ("norm", "activation", "rope", "attention", "sampling", "gemv")
+FAMILIES = ("norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv")
 _INCLUDE = '#include "common.cuh"'
 
 # C++ spellings of the dtypes the templates take.

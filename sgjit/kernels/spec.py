@@ -32,6 +32,8 @@ class ModelShapes:
     vocab: int
     page_size: int
     qk_norm: bool = False
+    experts: int = 0  # routed experts of a sparse MoE model (0 = dense)
+    expert_intermediate: int = 0
 
     @property
     def group(self) -> int:
@@ -43,11 +45,13 @@ class ModelShapes:
 
     @classmethod
     def from_config(cls, mc: Any, dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int) -> ModelShapes:
+        moe = mc.moe
         return cls(
             dtype=dtype_name(dtype), kv_dtype=dtype_name(kv_dtype), hidden=mc.hidden_size,
             intermediate=mc.intermediate_size, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim, rope_dim=mc.rope.dim or mc.head_dim, vocab=mc.vocab_size,
-            page_size=page_size, qk_norm=mc.qk_norm,
+            page_size=page_size, qk_norm=mc.qk_norm, experts=moe.num_experts if moe else 0,
+            expert_intermediate=moe.intermediate_size if moe else 0,
         )  # fmt: skip
 
 

@@ -1,7 +1,9 @@
 """Random inputs of the ops' real layouts, shared by the GPU tests, the kernel benchmark and the
 autotuner: a paged KV pool whose rows own shuffled pages, with the tails of their last pages and
 the scratch page holding finite garbage and every page no row owns holding NaN (so a kernel that
-reads past a row's length or outside its pages shows up), plus the matching metadata."""
+reads past a row's length or outside its pages shows up), plus the matching metadata; and routed
+tokens for the MoE experts op, with the expert loads a real router gives (even, skewed, one expert
+taking everything)."""
 
 from __future__ import annotations
 
@@ -87,3 +89,42 @@ def paged_attention_case(
         kv_lens_host=list(kv_lens),
     )
     return AttentionCase(q, LayerKV(k, v, scale, scale), meta)
+
+
+@dataclass(slots=True)
+class MoeCase:
+    x: torch.Tensor  # [N, H]
+    topk_ids: torch.Tensor  # int64 [N, K]
+    topk_weights: torch.Tensor  # float32 [N, K]
+    w_gate_up: torch.Tensor  # [E, 2I, H]
+    w_down: torch.Tensor  # [E, H, I]
+
+    @property
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return self.x, self.topk_ids, self.topk_weights, self.w_gate_up, self.w_down
+
+
+def moe_experts_case(
+    n: int, experts: int, k: int, hidden: int, inter: int, dtype: torch.dtype, device: torch.device | str,
+    load: str = "uniform", seed: int = 0,
+) -> MoeCase:  # fmt: skip
+    """`load`: "uniform" (every expert about n*k/E rows), "skewed" (a few experts take most rows and
+    expert 1 none), "one" (every token's first choice is expert 0)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=device)
+
+    scores = torch.rand(n, experts, generator=g, device=device)
+    if load == "skewed":
+        scores = scores * torch.linspace(4.0, 0.1, experts, device=device) ** 3
+        scores[:, 1] = -1.0
+    elif load == "one":
+        scores[:, 0] = 2.0
+    return MoeCase(
+        x=rnd(n, hidden).to(dtype),
+        topk_ids=scores.topk(k, dim=-1).indices,
+        topk_weights=torch.rand(n, k, generator=g, device=device).softmax(-1),
+        w_gate_up=(rnd(experts, 2 * inter, hidden) / hidden**0.5).to(dtype),
+        w_down=(rnd(experts, hidden, inter) / inter**0.5).to(dtype),
+    )

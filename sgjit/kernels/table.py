@@ -15,9 +15,10 @@ from sgjit.errors import KernelError
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile, device_profile
 from sgjit.kernels.cuda.module import cupy_module
+from sgjit.kernels.grouped_moe import moe_experts_grouped
 from sgjit.kernels.guard import GuardedOp
 from sgjit.kernels.ops import OpTable
-from sgjit.kernels.registry import CUDA, variant
+from sgjit.kernels.registry import CUDA, FUSED_OPS, GROUPED_MM, REFERENCE, variant
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import KernelSet, ModelShapes, Workload
 
@@ -30,6 +31,8 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
     """The kernel callables for one op, keyed by op name (the norm kernels serve two ops)."""
     from sgjit.kernels.cuda import activation, attention, gemv, norm, rope, sampling
 
+    if ks[op].variant == GROUPED_MM:
+        return {op: moe_experts_grouped}
     if op in ("sample", "apply_bitmask"):  # logits are float32 whatever the model dtype
         k = sampling.Sampling(profile.sm_count)
         return {"sample": k.sample, "apply_bitmask": k.apply_bitmask}
@@ -58,22 +61,56 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
                 t["prefill_tile"],
                 ks.workload.max_context,
                 split_len=t.get("split_len", 0),
+                stream_tile=t.get("stream_decode"),
+                prefill_sm90=t.get("prefill_sm90"),
             )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")
 
 
+def _fused_ops(
+    profile: DeviceProfile, shapes: ModelShapes, ks: KernelSet, unfused: OpTable
+) -> dict[str, Any]:
+    """The fused decode ops on the kernels, each falling back to the unfused ops of `unfused`, and
+    `fused_rows`; nothing (the model stays unfused) unless the kernel set puts all four on CUDA."""
+    from sgjit.kernels.cuda.fused_gemv import FusedGemv
+
+    if any(ks[op].variant != CUDA for op in FUSED_OPS):
+        return {}
+    rows = min(ks[op].tunables["rows"] for op in FUSED_OPS)
+    composed = reference.Composition(unfused.rmsnorm, unfused.linear, unfused.rope_store_kv, unfused.silu_mul)
+    try:
+        fused = FusedGemv(
+            _DTYPES[shapes.dtype], shapes.dtype, shapes.kv_dtype, rows, profile.sm_count,
+            profile.smem_per_block_optin, composed,
+        )  # fmt: skip
+    except KernelError as e:
+        log.warning("fused decode kernels unavailable (%s); decode steps use the unfused ops", e)
+        return {}
+    ops: dict[str, Any] = {
+        op: GuardedOp(op, f"gemv.cu:{op}", getattr(fused, op), getattr(composed, op)) for op in FUSED_OPS
+    }
+    return ops | {"fused_rows": rows}
+
+
 def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet) -> OpTable:
-    """REFERENCE_OPS with every op the kernel set puts on CUDA replaced by its guarded kernel."""
+    """REFERENCE_OPS with every op the kernel set puts on a kernel replaced by its guarded kernel; the
+    fused decode ops fall back to the unfused ops of this table."""
     built: dict[str, Callable] = {}
+    cupy_ok = True
     if any(c.variant == CUDA for c in kernel_set.choices.values()):
         try:
             cupy_module()
-        except KernelError as e:
+        except KernelError as e:  # the CuPy kernels stay on torch; torch-built variants still serve
             log.warning("%s", e)
-            return reference.REFERENCE_OPS
+            cupy_ok = False
     for op, choice in kernel_set.choices.items():
-        if choice.variant != CUDA or op in built:
+        if (
+            choice.variant == REFERENCE
+            or (choice.variant == CUDA and not cupy_ok)
+            or op in built
+            or op in FUSED_OPS
+        ):
             continue
         try:
             fns = _cuda_ops(op, profile, shapes, kernel_set)
@@ -81,10 +118,12 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
             log.warning("kernel for op %s unavailable (%s); op %s uses the torch reference", op, e, op)
             continue
         for name, fn in fns.items():
-            if kernel_set[name].variant == CUDA:
-                label = f"{variant(name, CUDA).family}.cu:{name}"
+            v = variant(name, kernel_set[name].variant)
+            if v.name != REFERENCE:
+                label = f"{v.family}.cu:{name}" if v.family else f"torch {v.name}:{name}"
                 built[name] = GuardedOp(name, label, fn, getattr(reference, name))
-    return reference.REFERENCE_OPS.with_overrides(**built)
+    unfused = reference.REFERENCE_OPS.with_overrides(**built)
+    return unfused.with_overrides(**_fused_ops(profile, shapes, kernel_set, unfused))
 
 
 def cuda_op_table(

@@ -39,7 +39,10 @@ class RuntimeConfig:
     multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
     deterministic: bool = False  # GPU + CUDA kernels: a request's tokens independent of its batch
     seed: int | None = None
-    num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+    num_threads: int | None = None  # CPU intra-op threads; None = torch's default (tp > 1: cores / ranks)
+    # tensor-parallel ranks: one process per GPU (on a CPU, per share of its cores), started by the
+    # runtime itself, or by torchrun (RANK/WORLD_SIZE set); docs/architecture.md
+    tp: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
@@ -59,6 +62,17 @@ class RuntimeConfig:
         )
         need(self.jit_cache_limit >= 1, "jit_cache_limit", "must be >= 1")
         need(self.multi_step >= 1, "multi_step", "must be >= 1")
+        need(isinstance(self.tp, int) and self.tp >= 1, "tp", "must be an integer >= 1")
+        need(
+            self.tp == 1 or self.quantization != "gguf",
+            "quantization",
+            "(computing on packed GGUF blocks) runs on one CPU process; with tp > 1 use quantization 'auto'",
+        )
+        need(
+            self.tp == 1 or not self.deterministic,
+            "deterministic",
+            "cannot hold with tp > 1: the all-reduce's summation order changes with the batch size",
+        )
         need(
             self.max_total_tokens is None or self.max_total_tokens >= 2 * self.page_size,
             "max_total_tokens",

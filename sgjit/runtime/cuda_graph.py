@@ -186,6 +186,7 @@ class DecodeGraphs:
             nxt = self.model.ops.sample(
                 logits, b.sampling(bs, k, self._host_sampling, greedy=not sampled), None
             )
+            nxt = self.model.comm.from_leader(nxt)  # tensor parallel: every rank feeds back rank 0's tokens
             if sampled:
                 b.scalars[7, :bs].add_(1)
             self.out_tokens[k, :bs].copy_(nxt)

@@ -36,6 +36,22 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def rank_device(device: str, local_rank: int) -> torch.device:
+    """The device of a tensor-parallel rank: on GPUs, the `local_rank`-th from the one named
+    (`cuda` = `cuda:0`); on a CPU, the CPU."""
+    dev = resolve_device(device)
+    if dev.type != "cuda" or local_rank == 0:
+        return dev
+    index = (dev.index or 0) + local_rank
+    if index >= torch.cuda.device_count():
+        raise InvalidRequestError(
+            f"tensor-parallel rank {local_rank} needs GPU cuda:{index} but torch sees "
+            f"{torch.cuda.device_count()}; lower tp or start from a lower device",
+            "tp",
+        )
+    return torch.device("cuda", index)
+
+
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sgjit.errors import RequestAbortedError, SgjitError
+from sgjit.errors import RequestAbortedError, SgjitError, TensorParallelError
 from sgjit.nvtx import nvtx_range
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model_runner import ModelRunner, StepLogits
@@ -133,7 +133,10 @@ class Engine:
             self._ready.set_exception(e)
             return
         self._ready.set_result(None)
-        self._loop()
+        try:
+            self._loop()
+        finally:
+            self.runner.close()  # tensor parallel: the other ranks leave their loops too
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -191,6 +194,8 @@ class Engine:
         try:
             with nvtx_range(f"step rows={len(batch.rows)} tokens={batch.num_tokens}"):
                 self._forward_and_process(batch.rows)
+        except TensorParallelError as e:  # the group is gone (and logged): no rerun can succeed
+            self._fail_rows(batch.rows, e)
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine or its batch
             if len(batch.rows) == 1:
                 log.exception("request %s failed in a forward step", batch.rows[0].req.rid)
@@ -251,6 +256,9 @@ class Engine:
             out = self.runner.forward_multi(
                 batch.rows, budgets, stop_on_eos, sampling, self.sampler.generator
             )
+        except TensorParallelError as e:
+            self._fail_rows(batch.rows, e)
+            return True
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             # No token was handed out: the rows rerun as single steps, where only a request that
             # fails again ends. If none does, the fault is the multi-step path's: it is turned off.
@@ -276,6 +284,10 @@ class Engine:
         host = time.perf_counter() - t0 - self.runner.graphs.last_wait_seconds
         self.counters["multi_step_host_us"] += int(host * 1e6)
         return True
+
+    def _fail_rows(self, rows: list[RowChunk], error: Exception) -> None:
+        for row in rows:
+            self._finish(row.req, FinishReason.abort(str(error)), error=error)
 
     def _fail_unschedulable(self) -> None:
         req = self.scheduler.waiting.popleft()

@@ -1,5 +1,7 @@
-"""`ForwardBatch`: everything one forward pass needs, as device tensors. Built by the model runner
-from the scheduled rows; passed to the model and down to every op."""
+"""`ForwardBatch`: everything one forward pass needs, as device tensors; and the host descriptions
+of a step that the model runner builds from the scheduled rows (`HostBatch`, `DecodeRows`,
+`MultiStep`). The host forms are what rank 0 of a tensor-parallel runtime sends to the other ranks,
+which then run the very same step from them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from sgjit.kernels.ops import AttentionMetadata
+from sgjit.runtime.sampler import RowSampling
 
 
 @dataclass(slots=True)
@@ -21,3 +24,60 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+
+@dataclass(slots=True)
+class HostBatch:
+    """A `ForwardBatch` as host lists."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    qo_indptr: list[int]  # [B+1]
+    kv_lens: list[int]  # [B]
+    page_rows: list[list[int]]  # each row's pages
+    logits_indices: list[int]
+
+    def to_device(self, device: torch.device, page_size: int) -> ForwardBatch:
+        table = torch.zeros(len(self.page_rows), max(map(len, self.page_rows)), dtype=torch.int32)
+        for b, pages in enumerate(self.page_rows):
+            table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        qo = self.qo_indptr
+        meta = AttentionMetadata(
+            qo_indptr=torch.tensor(qo, dtype=torch.int32, device=device),
+            kv_lens=torch.tensor(self.kv_lens, dtype=torch.int32, device=device),
+            page_table=table.to(device),
+            page_size=page_size,
+            max_q_len=max(qo[i + 1] - qo[i] for i in range(len(self.kv_lens))),
+            max_kv_len=max(self.kv_lens),
+            qo_indptr_host=qo,
+            kv_lens_host=self.kv_lens,
+        )
+        return ForwardBatch(
+            input_ids=torch.tensor(self.input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(self.positions, dtype=torch.int64, device=device),
+            slot_mapping=torch.tensor(self.slots, dtype=torch.int64, device=device),
+            attn=meta,
+            logits_indices=torch.tensor(self.logits_indices, dtype=torch.int64, device=device),
+        )
+
+
+@dataclass(slots=True)
+class DecodeRows:
+    """A decode step on the bucketed (CUDA-graph) path: row i feeds `tokens[i]` at `positions[i]`,
+    writes its KV at `slots[i]` and attends through `page_rows[i]`."""
+
+    tokens: list[int]
+    positions: list[int]
+    slots: list[int]
+    page_rows: list[list[int]]
+
+
+@dataclass(slots=True)
+class MultiStep:
+    """What a multi-step launch adds to its `DecodeRows`: each row's token budget, whether it stops
+    at EOS, and its sampling parameters (None: every row greedy)."""
+
+    budgets: list[int]
+    stop_on_eos: list[bool]
+    sampling: RowSampling | None

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from sgjit.kernels.ops import LayerKV
+from sgjit.runtime.loader.kv_scales import KVScales
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,10 @@ class PagedKVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        scales: KVScales | None = None,
     ) -> None:
+        """`scales`: an fp8 pool's per-layer K/V scales (stored = value / scale; 1.0 without);
+        a 16-bit pool stores values as they are and ignores them."""
         self.page_size = page_size
         self.num_pages = num_pages
         self.dtype = dtype
@@ -72,9 +76,10 @@ class PagedKVPool:
         make = torch.zeros if device.type == "cuda" else torch.empty
         self.k = make(shape, dtype=dtype, device=device)
         self.v = make(shape, dtype=dtype, device=device)
-        # NOTE: fp8 pages are stored unscaled (scale 1.0); per-layer scales from a checkpoint are
-        # not read yet, and LayerKV carries the scale so the kernels are ready for them.
-        self.layers = [LayerKV(self.k[i], self.v[i], 1.0, 1.0) for i in range(num_layers)]
+        fp8 = dtype == torch.float8_e4m3fn
+        k_scales = scales.k if fp8 and scales is not None else (1.0,) * num_layers
+        v_scales = scales.v if fp8 and scales is not None else (1.0,) * num_layers
+        self.layers = [LayerKV(self.k[i], self.v[i], k_scales[i], v_scales[i]) for i in range(num_layers)]
         self.allocator = PageAllocator(num_pages)
 
     @property

@@ -1,17 +1,20 @@
-"""Turns a scheduled batch into a `ForwardBatch` (flat token ids, positions, KV slots, page table)
-and runs the model on it."""
+"""Turns a scheduled batch into a step (`HostBatch`: flat token ids, positions, KV slots, pages; or
+`DecodeRows` for the decode-graph path) and runs the model on it."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from sgjit.kernels.ops import AttentionMetadata
 from sgjit.runtime.cuda_graph import DecodeGraphs
-from sgjit.runtime.forward_batch import ForwardBatch
+from sgjit.runtime.forward_batch import DecodeRows, HostBatch, MultiStep
 from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
+from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
 from sgjit.runtime.model.llama import LlamaModel
+from sgjit.runtime.parallel.step import StepChannel, StepKind
 from sgjit.runtime.sampler import RowSampling
 from sgjit.runtime.scheduler import RowChunk
 
@@ -28,15 +31,26 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: PagedKVPool, graphs: DecodeGraphs | None = None) -> None:
+    """Runs scheduled rows on the model. Each step reaches the device through one of three methods
+    (`run_batch`, `run_decode`, `run_multi`); under tensor parallelism rank 0's runner first sends the
+    step to the other ranks (`channel`), whose runners then call the same method with it."""
+
+    def __init__(
+        self,
+        model: LlamaModel | DeepseekV4Model,
+        pool: PagedKVPool | DeepseekV4KVPool,
+        graphs: DecodeGraphs | None = None,
+        channel: StepChannel | None = None,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
         self.graphs = graphs
+        self.channel = channel
 
     def build(
         self, rows: list[RowChunk]
-    ) -> tuple[ForwardBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
+    ) -> tuple[HostBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
         ps = self.pool.page_size
         ids: list[int] = []
         positions: list[int] = []
@@ -46,8 +60,6 @@ class ModelRunner:
         logits_idx: list[int] = []
         sample_index: dict[int, int] = {}
         prompt_index: dict[int, tuple[int, int, int]] = {}
-        max_pages = max(len(r.req.pages) for r in rows)
-        table = torch.zeros(len(rows), max_pages, dtype=torch.int32)
         for b, row in enumerate(rows):
             req, start, end = row.req, row.start, row.end
             base = len(ids)
@@ -58,7 +70,6 @@ class ModelRunner:
             slots.extend(pages[p // ps] * ps + p % ps for p in pos)
             qo_indptr.append(len(ids))
             kv_lens.append(end)
-            table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
             # Input logprob of prompt token t comes from the logits at position t - 1.
             first = max(start, req.next_input_logprob - 1, 0)
             last = min(end, req.prompt_len - 1)
@@ -68,31 +79,14 @@ class ModelRunner:
             if row.sample:
                 sample_index[b] = len(logits_idx)
                 logits_idx.append(base + end - 1 - start)
-        dev = self.device
-        meta = AttentionMetadata(
-            qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=dev),
-            kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev),
-            page_table=table.to(dev),
-            page_size=ps,
-            max_q_len=max(qo_indptr[i + 1] - qo_indptr[i] for i in range(len(rows))),
-            max_kv_len=max(kv_lens),
-            qo_indptr_host=qo_indptr,
-            kv_lens_host=kv_lens,
-        )
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            attn=meta,
-            logits_indices=torch.tensor(logits_idx, dtype=torch.int64, device=dev),
-        )
+        batch = HostBatch(ids, positions, slots, qo_indptr, kv_lens, [r.req.pages for r in rows], logits_idx)
         return batch, sample_index, prompt_index
 
     def forward(self, rows: list[RowChunk]) -> StepLogits:
         if self.graphs is not None and self._graphable(rows):
             return self._forward_graph(rows)
         batch, sample_index, prompt_index = self.build(rows)
-        return StepLogits(self.model.forward(batch, self.pool.layers), sample_index, prompt_index)
+        return StepLogits(self.run_batch(batch), sample_index, prompt_index)
 
     def _graphable(self, rows: list[RowChunk]) -> bool:
         """Pure decode steps (one token a row, every row sampling) replay a captured graph."""
@@ -100,12 +94,17 @@ class ModelRunner:
             return False
         return self.graphs.can_run(len(rows), max(r.end for r in rows))
 
-    def _forward_graph(self, rows: list[RowChunk]) -> StepLogits:
+    def _decode_rows(self, rows: list[RowChunk]) -> DecodeRows:
         ps = self.pool.page_size
-        tokens = [r.req.tokens[r.start] for r in rows]
-        positions = [r.start for r in rows]
-        slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
-        logits = self.graphs.run(tokens, positions, slots, [r.req.pages for r in rows])
+        return DecodeRows(
+            tokens=[r.req.tokens[r.start] for r in rows],
+            positions=[r.start for r in rows],
+            slots=[r.req.pages[r.start // ps] * ps + r.start % ps for r in rows],
+            page_rows=[r.req.pages for r in rows],
+        )
+
+    def _forward_graph(self, rows: list[RowChunk]) -> StepLogits:
+        logits = self.run_decode(self._decode_rows(rows))
         return StepLogits(logits, {b: b for b in range(len(rows))}, {})
 
     @property
@@ -131,10 +130,33 @@ class ModelRunner:
             len(rows), max(r.end for r in rows) + self.multi_steps
         ):
             return None
-        ps = self.pool.page_size
-        tokens = [r.req.tokens[r.start] for r in rows]
-        positions = [r.start for r in rows]
-        slots = [r.req.pages[r.start // ps] * ps + r.start % ps for r in rows]
-        return self.graphs.run_multi(
-            tokens, positions, slots, [r.req.pages for r in rows], budgets, stop_on_eos, sampling, generator
-        )
+        return self.run_multi(self._decode_rows(rows), MultiStep(budgets, stop_on_eos, sampling), generator)
+
+    # ----- the device steps: every rank of a tensor-parallel runtime runs each of these together -----
+    def run_batch(self, batch: HostBatch) -> torch.Tensor:
+        """Logits of one forward pass over `batch`."""
+        with self._on_every_rank(StepKind.FORWARD, batch):
+            return self.model.forward(batch.to_device(self.device, self.pool.page_size), self.pool.layers)
+
+    def run_decode(self, rows: DecodeRows) -> torch.Tensor:
+        """Logits of one step on the decode-graph path."""
+        with self._on_every_rank(StepKind.DECODE, rows):
+            return self.graphs.run(rows.tokens, rows.positions, rows.slots, rows.page_rows)
+
+    def run_multi(
+        self, rows: DecodeRows, multi: MultiStep, generator: torch.Generator | None = None
+    ) -> list[list[int]]:
+        """Tokens of one multi-step launch."""
+        with self._on_every_rank(StepKind.DECODE_MULTI, rows, multi):
+            return self.graphs.run_multi(
+                rows.tokens, rows.positions, rows.slots, rows.page_rows, multi.budgets, multi.stop_on_eos,
+                multi.sampling, generator,
+            )  # fmt: skip
+
+    def _on_every_rank(self, kind: StepKind, *step: object) -> AbstractContextManager[None]:
+        return nullcontext() if self.channel is None else self.channel.lead(kind, *step)
+
+    def close(self) -> None:
+        """Tell the other ranks to stop (on the engine thread, after its last step)."""
+        if self.channel is not None:
+            self.channel.stop()

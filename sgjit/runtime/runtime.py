@@ -15,6 +15,7 @@ from sgjit.errors import ContextLengthError, InvalidRequestError, ServerBusyErro
 from sgjit.runtime.assembly import assemble
 from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.engine import Engine, EngineParts
+from sgjit.runtime.parallel.launch import RankSet, start_ranks
 from sgjit.runtime.profiling import TraceWindow
 from sgjit.runtime.request import PrefixHandle, Request, new_request_id
 from sgjit.runtime.result import GenerateResult, RequestUpdate
@@ -41,6 +42,7 @@ class Runtime:
             model=None if model is None else str(model), device=device, dtype=dtype, **options
         )
         t0 = time.perf_counter()
+        self._ranks: RankSet | None = None  # tensor parallel: the other ranks, once started
         self.engine = Engine(self._build)
         self.load_seconds = time.perf_counter() - t0
         mc = self.model_config
@@ -51,8 +53,16 @@ class Runtime:
         )  # fmt: skip
 
     def _build(self) -> EngineParts:
-        """Load the model and build the engine's parts (runs on the engine thread)."""
-        a = assemble(self.config)
+        """Load the model and build the engine's parts (runs on the engine thread); with tp > 1,
+        start the other ranks first."""
+        self._ranks = start_ranks(self.config)
+        try:
+            a = assemble(self.config, self._ranks.group if self._ranks else None)
+        except BaseException:
+            if self._ranks is not None:
+                self._ranks.kill()
+                self._ranks.group.close()
+            raise
         self.device, self.dtype, self.model_config, self.model_path = (
             a.device,
             a.dtype,
@@ -372,6 +382,8 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        if self._ranks is not None:
+            self._ranks.close()
 
     def __enter__(self) -> Runtime:
         return self

@@ -34,7 +34,6 @@ class ServerArgs:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     host: str = "127.0.0.1"
     port: int = 30000
-    tp: int = 1
     served_model_name: str | None = None
     api_key: str | None = None
     log_level: str = "info"
@@ -58,11 +57,6 @@ class ServerArgs:
     reasoning_parser: str = "auto"  # auto: from the chat template (<think> tags); none: off
 
     def __post_init__(self) -> None:
-        if self.tp != 1:
-            raise InvalidRequestError(
-                f"--tp {self.tp}: tensor parallelism is not supported yet; serve on one device with --tp 1",
-                "tp",
-            )
         if not 0 <= self.port <= 65535:
             raise InvalidRequestError(
                 f"--port {self.port} is not a TCP port (0-65535; 0 picks a free one)", "port"
@@ -124,6 +118,10 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--disable-cuda-graph", "cuda_graph", {"action": "store_false", "help": "SGLang's name for --no-cuda-graph"}),
     ("--num-threads", "num_threads", {"type": int, "help": "CPU: intra-op threads (default: torch's choice)"}),
     ("--device", "device", {"help": "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N"}),
+    ("--tp", "tp", {"type": int, "help": "tensor-parallel ranks: the model split over this many GPUs "
+     "(cuda:N onwards; one process each, started by the server, or by torchrun when it sets RANK and "
+     "WORLD_SIZE), or on a CPU over this many processes"}),
+    ("--tp-size", "tp", {"type": int, "help": "SGLang's name for --tp"}),
     ("--dtype", "dtype", {"help": "compute dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16 or float16"}),
     ("--mem-fraction-static", "mem_fraction_static", {"type": float, "help": "GPU: share of device memory "
      "for the weights and the KV cache"}),
@@ -138,7 +136,7 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "engine step (longer prompts are prefilled in chunks)"}),
     ("--jit-cache-limit", "jit_cache_limit", {"type": int, "help": "compiled plans kept (LRU)"}),
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
-     "auto (the compute dtype) or fp8_e4m3"}),
+     "auto (the compute dtype) or fp8_e4m3 (with the checkpoint's per-layer k/v scales when it has them)"}),
     ("--quantization", "quantization", {"choices": ("auto", "gguf", "fp8", "none"), "help": "auto: on "
      "the CPU a GGUF file's 4/8-bit GEMM weights stay packed and sgjit's C++ kernels compute on them "
      "(dequantized where those cannot be built), FP8 checkpoints stay FP8 on GPUs with FP8 tensor "
@@ -172,12 +170,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=server.host, help="address to listen on (default: %(default)s)")
     p.add_argument(
         "--port", type=int, default=server.port, help="TCP port; 0 picks a free one (default: %(default)s)"
-    )
-    p.add_argument(
-        "--tp",
-        type=int,
-        default=server.tp,
-        help="tensor-parallel degree; only 1 for now (default: %(default)s)",
     )
     p.add_argument(
         "--served-model-name",
@@ -263,7 +255,6 @@ def server_args_from(ns: argparse.Namespace) -> ServerArgs:
         runtime=runtime,
         host=ns.host,
         port=ns.port,
-        tp=ns.tp,
         served_model_name=ns.served_model_name,
         api_key=ns.api_key,
         log_level=ns.log_level,

@@ -69,6 +69,11 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(400, str(exc), code="invalid_program")
     if isinstance(exc, E.ModelNotFoundError):
         return ApiError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, E.TensorParallelError):  # the log names the rank and its error
+        return unavailable(
+            "a tensor-parallel rank of this server failed; the server must be restarted",
+            "tensor_parallel_failed",
+        )
     if isinstance(exc, E.ServerBusyError):
         return unavailable(str(exc), "server_busy")
     if isinstance(exc, E.RequestAbortedError):

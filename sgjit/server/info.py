@@ -100,6 +100,7 @@ def model_info(state: ServerState) -> dict[str, Any]:
         "dtype": dtype_name(rt.dtype),
         "device": str(rt.device),
         "num_params": mc.num_params(),
+        "active_params": mc.active_params(),  # a token's share: less than num_params for MoE models
         "weight_bytes": mc.num_params() * torch.empty(0, dtype=rt.dtype).element_size(),
         "kv_bytes_per_token": rt.pool.bytes_per_token,
     }
@@ -136,7 +137,8 @@ def ready_line(state: ServerState, url: str) -> str:
     jit = ("on: " + ", ".join(on)) if on else "off"
     return (
         f"sgjit ready at {url} | model {state.model_name} ({rt.model_path.name}) | device {rt.device} "
-        f"{dtype_name(rt.dtype)} | arch {device_arch(device_profile(rt.device))} | JIT {jit} | KV cache "
+        f"{dtype_name(rt.dtype)}{f' x tp {rt.config.tp}' if rt.config.tp > 1 else ''} | arch "
+        f"{device_arch(device_profile(rt.device))} | JIT {jit} | KV cache "
         f"{rt.pool.capacity_tokens} tokens ({rt.pool.allocator.num_usable} pages x {rt.config.page_size}) | "
         f"context {rt.max_model_len}"
     )

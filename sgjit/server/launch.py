@@ -18,6 +18,7 @@ import uvicorn
 from sgjit.errors import SgjitError
 from sgjit.runtime.loader import resolve_model
 from sgjit.runtime.model.presets import RANDOM_PREFIX
+from sgjit.runtime.parallel.launch import LaunchEnv, serve_launched_rank
 from sgjit.runtime.runtime import Runtime
 from sgjit.server.app import create_app
 from sgjit.server.args import ServerArgs
@@ -128,6 +129,10 @@ def load_runtime(args: ServerArgs) -> Runtime:
 def serve(args: ServerArgs) -> int:
     """Run the server until it is told to stop; the exit status."""
     configure_logging(args.log_level)
+    launch = LaunchEnv.read(args.runtime.tp)
+    if launch is not None and launch.rank != 0:  # torchrun started this rank: rank 0 serves HTTP
+        serve_launched_rank(args.runtime, launch)
+        return 0
     model = args.runtime.model
     if model is None or not model.startswith(RANDOM_PREFIX):
         resolve_model(model)  # a wrong name or path fails before anything binds or loads

@@ -105,10 +105,11 @@ def test_model_layers_hold_fp8_and_stay_close_to_dense():
         max_positions=64,
         fp8_weights=True,
     )
-    for f in ("qkv", "o_proj", "gate_up", "down"):
-        assert isinstance(getattr(fp8.layers[0], f), Fp8Weight)
+    layer = fp8.layers[0]
+    for w in (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down):
+        assert isinstance(w, Fp8Weight)
     assert isinstance(fp8.lm_head, torch.Tensor) and fp8.embed.dtype == torch.float32
     assert fp8.layers[0].qkv.shape == dense.layers[0].qkv.shape
     torch.testing.assert_close(
-        fp8.layers[1].gate_up.dequantize(), dense.layers[1].gate_up, rtol=0.07, atol=1e-3
+        fp8.layers[1].mlp.gate_up.dequantize(), dense.layers[1].mlp.gate_up, rtol=0.07, atol=1e-3
     )

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from sgjit.kernels.nvcc_check import find_nvcc, instantiations
+from sgjit.kernels.cuda.attention_sm90 import LAUNCH_REGS
+from sgjit.kernels.nvcc_check import FAMILY_ARCHS, compile_unit, find_nvcc, instantiations, resource_lines
 from sgjit.kernels.sources import FAMILIES
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc on this machine")
@@ -21,17 +22,23 @@ def _build(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_family_has_instantiations():
     inst = instantiations()
-    assert set(inst) == set(FAMILIES) == {"norm", "activation", "rope", "attention", "sampling", "gemv"}
+    assert set(inst) == set(FAMILIES) == {
+        "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv"
+    }  # fmt: skip
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])
+    assert len(instantiations(full=True)["decode"]) > len(inst["decode"])
 
 
 @needs_nvcc
 def test_build_check_compiles_everything_for_sm80_and_sm90():
+    """One line per family and target: sm_80 and sm_90 for every family but the Hopper-only one,
+    which builds for sm_90a alone."""
     proc = _build()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for arch in ("sm_80", "sm_90"):
-        assert proc.stdout.count(arch) == len(FAMILIES)  # one line per family
+    targets = [line.split()[1] for line in proc.stdout.splitlines() if line.split()[-1:] == ["ok"]]
+    general = len(FAMILIES) - len(FAMILY_ARCHS)
+    assert (targets.count("sm_80"), targets.count("sm_90"), targets.count("sm_90a")) == (general, general, 1)
 
 
 @needs_nvcc
@@ -40,3 +47,23 @@ def test_build_check_names_the_failing_kernel():
     proc = _build("--arch", "sm_80", "--families", "sampling", "--extra", f"attention:{bad}")
     assert proc.returncode == 1
     assert bad in proc.stderr
+
+
+@needs_nvcc
+def test_sm90_kernels_hold_the_registers_their_setmaxnreg_split_moves():
+    """attention_sm90.cu's warpgroups trade registers with setmaxnreg inside the CTA's own
+    allocation, sized for LAUNCH_REGS a thread: a CTA built with fewer leaves a consumer warp in
+    setmaxnreg.inc forever (as the 80/216 split hung the first GPU run). Every registered
+    instantiation gets exactly that many, without spills; the watchdog build (SGJIT_SM90_WATCHDOG,
+    debug runs) compiles too, and keeps the count."""
+    names = instantiations()["attention_sm90"]
+    res = compile_unit(find_nvcc(), "attention_sm90", names, "sm_90a", True)
+    assert res.ok, res.log[-3000:]
+    regs = [int(line.split()[0]) for line in resource_lines(res.log)]
+    assert regs == [LAUNCH_REGS] * len(names)
+    assert all("spill 0/0 B" in line for line in resource_lines(res.log))
+    watchdog = compile_unit(
+        find_nvcc(), "attention_sm90", names[:1], "sm_90a", True, ("SGJIT_SM90_WATCHDOG=1000",)
+    )
+    assert watchdog.ok, watchdog.log[-3000:]
+    assert [int(line.split()[0]) for line in resource_lines(watchdog.log)] == [LAUNCH_REGS]

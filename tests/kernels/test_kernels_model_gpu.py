@@ -1,10 +1,13 @@
 """The whole model with the CUDA kernels against the same model on the torch reference ops, on
-random weights of real shapes (Llama-3-8B, SmolLM2-135M). One weight set; the oracle is the same
+random weights of real shapes (Llama-3-8B, SmolLM2-135M, and a few layers of the MoE models
+Qwen3-30B-A3B, Mixtral-8x7B, Qwen1.5-MoE-A2.7B, whose experts run as grouped GEMMs). One weight set; the oracle is the same
 weights run in float32 on the reference ops, and "bf16 noise" is how far the torch bf16 reference
 itself lands from that oracle: the kernels must land no further than twice that, at prefill (a
 ragged batch) and over 64 greedy decode steps. The steps run on the kernels' own tokens, the two
 others teacher-forced on them; the kernels' token must be the oracle's argmax except at near-ties
 that the logit noise explains, and no more often than the torch bf16 reference misses it.
+An fp8 KV cache (per-layer scales, as an FP8-KV checkpoint carries them) is measured against the bf16
+one on the same weights and kernels: greedy agreement over the same 64 steps, printed.
 Skipped without a GPU."""
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from sgjit.kernels.spec import Workload
 from sgjit.kernels.table import cuda_op_table
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.kv_pool import PagedKVPool
+from sgjit.runtime.loader.kv_scales import KVScales
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.model.presets import random_weights, shape_config
 
@@ -37,11 +41,15 @@ LOGIT_TOL = 3e-2  # ‖Δ‖/‖ref‖ of float32 logits from a bf16 model
 class Side:
     """One model + ops table with its own pool and page lists; runs a ragged step, returns logits."""
 
-    def __init__(self, model: LlamaModel, ops, cfg, max_tokens: int) -> None:
+    def __init__(
+        self, model: LlamaModel, ops, cfg, max_tokens: int, kv_dtype=None, scales: KVScales | None = None
+    ) -> None:
         self.model, self.ops = model, ops
         per_row = -(-max_tokens // PAGE)
         pages = len(PROMPT_LENS) * per_row + 1
-        self.pool = PagedKVPool(cfg.num_layers, pages, PAGE, cfg.num_kv_heads, cfg.head_dim, model.dtype, DEV)
+        self.pool = PagedKVPool(
+            cfg.num_layers, pages, PAGE, cfg.num_kv_heads, cfg.head_dim, kv_dtype or model.dtype, DEV, scales
+        )
         self.pages = [list(range(1 + r * per_row, 1 + (r + 1) * per_row)) for r in range(len(PROMPT_LENS))]
 
     def step(self, seqs: list[list[int]], starts: list[int], all_positions: bool = False) -> torch.Tensor:
@@ -86,9 +94,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-@pytest.mark.parametrize("shape", ["llama3-8b", "smollm2-135m"])
+@pytest.mark.parametrize(
+    "shape", ["llama3-8b", "smollm2-135m", "qwen3-30b-a3b:4", "mixtral-8x7b:2", "qwen1.5-moe-a2.7b:4"]
+)
 def test_model_kernels_match_reference(shape):
-    cfg = shape_config(shape)
+    name, _, layers = shape.partition(":")
+    cfg = shape_config(name, int(layers) if layers else None)
     weights = random_weights(cfg, seed=1, device=DEV, dtype=torch.bfloat16)
     exact = {k: v.float() for k, v in weights.items()}  # the same weights, computed in float32
     max_tokens = max(PROMPT_LENS) + STEPS + 1
@@ -97,6 +108,8 @@ def test_model_kernels_match_reference(shape):
     workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
     ops, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)  # what Runtime calls
     kernel_ops = ("attention", "rope_store_kv", "add_rmsnorm", "silu_mul", "sample")
+    if cfg.moe is not None and torch.cuda.get_device_capability()[0] in (9, 10):
+        kernel_ops += ("moe_experts",)  # torch's grouped GEMM, on the parts it is built for
     assert all(type(getattr(ops, op)).__name__ == "GuardedOp" for op in kernel_ops)
     jit = Side(model, ops, cfg, max_tokens)
     ref = Side(model, REFERENCE_OPS, cfg, max_tokens)
@@ -141,6 +154,60 @@ def test_model_kernels_match_reference(shape):
     )
     assert mean_j < 2 * mean_r + 1e-3
     assert miss_j <= miss_r + max(2, total // 32)
+    assert not any(getattr(ops, op).failed for op in kernel_ops)  # every step ran on the kernels
+
+
+def test_fp8_kv_greedy_agreement_with_bf16_kv():
+    """Llama-3-8B shape, random weights, bf16 everywhere but the KV cache: fp8 e4m3 with per-layer
+    scales calibrated on the prompts (|K|, |V| max / 448, what an exporter stores) against bf16. The
+    steps are teacher-forced on the bf16 side's greedy tokens; the fp8 side's token must agree but at
+    near-ties (margin under 6x that step's fp8-vs-bf16 logit noise), and on most steps."""
+    cfg = shape_config("llama3-8b")
+    weights = random_weights(cfg, seed=1, device=DEV, dtype=torch.bfloat16)
+    model = LlamaModel(cfg, weights, REFERENCE_OPS, DEV, torch.bfloat16, max_positions=4096)
+    max_tokens = max(PROMPT_LENS) + STEPS + 1
+    workload = Workload(max_batch=len(PROMPT_LENS), max_context=max_tokens)
+    ops16, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.bfloat16, PAGE, workload)
+    ops8, _ = cuda_op_table(DEV, cfg, torch.bfloat16, torch.float8_e4m3fn, PAGE, workload)
+    assert ops8.attention.fn.stream is not None  # decode steps on the streaming kernel (decode.cu)
+    bf16 = Side(model, ops16, cfg, max_tokens)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    seqs = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    starts = [0] * len(seqs)
+    l16 = bf16.step(seqs, starts)
+    amax = [(lk.k.float().abs().max().item(), lk.v.float().abs().max().item()) for lk in bf16.pool.layers]
+    scales = KVScales(tuple(k / 448 for k, _ in amax), tuple(v / 448 for _, v in amax))
+    fp8 = Side(model, ops8, cfg, max_tokens, torch.float8_e4m3fn, scales)
+    assert fp8.pool.layers[5].k_scale == scales.k[5] != 1.0
+    l8 = fp8.step(seqs, starts)
+    pre_err = _rel(l8, l16)
+    agree, errs, margins = 0, [], []
+    for _ in range(STEPS):
+        tokens = l16.argmax(-1).tolist()
+        starts = [len(s) for s in seqs]
+        for s, t in zip(seqs, tokens):
+            s.append(t)
+        l16, l8 = bf16.step(seqs, starts), fp8.step(seqs, starts)
+        errs.append(_rel(l8, l16))
+        noise = (l8 - l16).pow(2).mean(-1).sqrt()
+        best, ours = l16.argmax(-1), l8.argmax(-1)
+        for b in range(len(seqs)):
+            if ours[b] == best[b]:
+                agree += 1
+                continue
+            margin = (l16[b, best[b]] - l16[b, ours[b]]).item()
+            margins.append(round(margin, 4))
+            assert margin < 6 * noise[b].item(), (
+                f"fp8 token {ours[b].item()} vs {best[b].item()}: margin {margin}"
+            )
+    total = STEPS * len(seqs)
+    print(
+        f"\nfp8 KV vs bf16 KV (llama3-8b, random weights, per-layer scales {min(scales.k):.3g}..{max(scales.k):.3g}): "
+        f"greedy agreement {agree}/{total} ({100 * agree / total:.1f}%); logits rel err prefill {pre_err:.2e}, "
+        f"decode mean {sum(errs) / STEPS:.2e} max {max(errs):.2e}; disagreements' margins {margins}"
+    )
+    assert agree >= total // 2
+    assert not ops8.attention.failed and not ops16.attention.failed  # no fallback to torch on the way
 
 
 def test_runtime_enable_jit_serves_on_kernels():

@@ -4,6 +4,7 @@ SGJIT_KERNELS overrides, and autotuning's store — all on the CPU."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,34 @@ def test_gemv_rows_by_device_and_mode():
     assert det.tunables == {"dense_rows": 0, "fp8_rows": 0} and "batch-invariant" in det.reason
     f32 = KernelSelector().select(PROFILES["H200"], shapes(dtype=torch.float32))["linear"]
     assert f32.variant == "reference"
+
+
+def test_fused_decode_rows_by_shape_and_mode(unverified_kernels):
+    """Decode steps run as the fused GEMVs up to FUSED_ROWS rows on large layers (the 8B's), more on
+    small ones (SmolLM2's), fewer where the normalised rows would crowd shared memory; never in the
+    deterministic mode or for fp32."""
+    from dataclasses import replace
+
+    from sgjit.kernels.registry import FUSED_OPS
+    from sgjit.kernels.selector import FUSED_NORM_SMEM, FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS
+
+    for name, rows in (("llama3-8b", FUSED_ROWS), ("smollm2-135m", FUSED_ROWS_SMALL_LAYERS)):
+        ks = KernelSelector().select(PROFILES["H200"], shapes(name))
+        for op in FUSED_OPS:
+            assert ks[op].variant == "cuda" and ks[op].tunables["rows"] == rows, (op, ks[op].reason)
+    small = shapes("smollm2-135m")
+    # two rows fill the budget, the layer still small
+    wide = replace(small, hidden=FUSED_NORM_SMEM // 4, intermediate=64, num_heads=1, num_kv_heads=1)
+    assert KernelSelector().select(PROFILES["H200"], wide)["linear_residual"].tunables["rows"] == min(
+        2, FUSED_ROWS_SMALL_LAYERS
+    )
+    too_wide = replace(small, hidden=FUSED_NORM_SMEM)
+    assert KernelSelector().select(PROFILES["H200"], too_wide)["rmsnorm_linear"].variant == "reference"
+    det = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))
+    f32 = KernelSelector().select(PROFILES["H200"], shapes(dtype=torch.float32))
+    for op in FUSED_OPS:
+        assert det[op].variant == "reference" and "batch-invariant" in det[op].reason
+        assert f32[op].variant == "reference"
 
 
 def test_fp8_pool_tile():
@@ -158,3 +187,87 @@ def test_autotune_times_once_and_stores_winners(tmp_path):
     )
     assert len(calls) > n and other["attention"].variant == "cuda"
     assert len(json.loads((tmp_path / "tune.json").read_text())) == 4
+
+
+@pytest.mark.parametrize(
+    "device,model,kv,tile",
+    [
+        ("H200", "llama3-8b", torch.bfloat16, "h8s3"),  # whole 2 KB key rows, 128 KB in flight a SM
+        ("H200", "llama3-8b", torch.float8_e4m3fn, "h8s4"),
+        ("H100-SXM5-80GB", "llama3-8b", torch.bfloat16, "h8s3"),
+        ("A100-SXM4-80GB", "llama3-8b", torch.bfloat16, "h8s2"),  # 164 KB: the deepest ring that fits
+        ("L4", "llama3-8b", torch.bfloat16, "h4s3"),  # 100 KB: half the heads a CTA
+        ("H200", "smollm2-135m", torch.bfloat16, "h3s4"),  # 3 kv heads: all of them a CTA
+    ],
+)
+def test_streaming_decode_tile_by_device(device, model, kv, tile, unverified_kernels):
+    """The decode kernel holds the most kv heads a CTA that fit (a divisor of the model's, up to 8)
+    with the shallowest ring keeping ~96 KB of K/V in flight a SM, else the deepest that fits."""
+    t = KernelSelector().select(PROFILES[device], shapes(model, kv=kv))["attention"].tunables["stream_decode"]
+    assert t.name == tile
+    p = PROFILES[device]
+    assert t.smem_bytes(128, kv.itemsize, 256) <= p.smem_per_block_optin
+    assert shape_config(model).num_kv_heads % t.heads == 0
+
+
+def test_streaming_decode_not_where_it_does_not_apply(unverified_kernels):
+    """Batch-invariant mode keeps the fixed-split kernel (the flat split depends on the whole batch),
+    and so do groups over 16 query heads a kv head (one m16 tile)."""
+    h200 = PROFILES["H200"]
+    det = KernelSelector().select(h200, shapes(), Workload(batch_invariant=True))["attention"]
+    assert det.variant == "cuda" and det.tunables["stream_decode"] is None
+    wide = ModelShapes("bfloat16", "bfloat16", 8192, 28672, 64, 2, 128, 128, 128256, 16)  # group 32
+    t = KernelSelector().select(h200, wide)["attention"]
+    assert t.variant == "cuda" and t.tunables["stream_decode"] is None and "group 32" in t.reason
+
+
+def test_sm90_prefill_only_on_hopper_for_16bit_pools(unverified_kernels):
+    """Compute capability 9.0 gets the warpgroup-MMA prefill tile (decode keeps the mma.sync tile);
+    other devices, fp8 pools, head_dim 256 and the batch-invariant mode do not."""
+    for device in ("H200", "H100-SXM5-80GB"):
+        ks = KernelSelector().select(PROFILES[device], shapes())
+        t = ks["attention"].tunables
+        assert t["prefill_sm90"].name == "sm90b128s2" and "sm90b128s2" in ks["attention"].reason
+        assert t["prefill_sm90"].fits(PROFILES[device], 128) and t["decode_tile"].name == "m1x1n2b32s2"
+    for device in ("A100-SXM4-80GB", "L4", "RTX-4090"):
+        assert "prefill_sm90" not in KernelSelector().select(PROFILES[device], shapes())["attention"].tunables
+    fp8 = KernelSelector().select(PROFILES["H200"], shapes(kv=torch.float8_e4m3fn))["attention"]
+    assert "prefill_sm90" not in fp8.tunables and "no sm_90 prefill (KV dtype fp8_e4m3)" in fp8.reason
+    inv = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))["attention"]
+    assert "prefill_sm90" not in inv.tunables
+    small = KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["attention"].tunables
+    assert small["prefill_sm90"].bn == 128  # head_dim 64
+
+
+@pytest.fixture
+def unverified_kernels(monkeypatch):
+    """The selector with the kernels not yet verified on a GPU offered (SGJIT_UNVERIFIED_KERNELS=1)."""
+    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+
+
+def test_unverified_kernels_are_not_offered_by_default(monkeypatch):
+    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS", raising=False)
+    ks = KernelSelector().select(PROFILES["H200"], shapes())["attention"]
+    assert ks.tunables["stream_decode"] is None and "prefill_sm90" not in ks.tunables
+    assert "SGJIT_UNVERIFIED_KERNELS" in ks.reason
+
+
+def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
+    """torch's grouped GEMM runs without the host on sm_90/sm_100 in bf16: there the selector takes
+    it; elsewhere (A100, fp16, a dense model, widths off 16 bytes) the reference op serves."""
+    moe = shapes("qwen3-30b-a3b")
+    assert (moe.experts, moe.expert_intermediate) == (128, 768)
+    h200 = KernelSelector().select(PROFILES["H200"], moe)["moe_experts"]
+    assert h200.variant == "grouped_mm", h200.reason
+    a100 = KernelSelector().select(PROFILES["A100-SXM4-80GB"], moe)["moe_experts"]
+    assert a100.variant == "reference" and "compute capability >= 9.0" in a100.reason
+    fp16 = KernelSelector().select(PROFILES["H200"], shapes("qwen3-30b-a3b", dtype=torch.float16))
+    assert fp16["moe_experts"].variant == "reference" and "float16" in fp16["moe_experts"].reason
+    dense = KernelSelector().select(PROFILES["H200"], shapes())["moe_experts"]
+    assert dense.variant == "reference" and "dense model" in dense.reason
+    odd = KernelSelector().select(PROFILES["H200"], replace(moe, expert_intermediate=100))["moe_experts"]
+    assert odd.variant == "reference" and "multiples of 8" in odd.reason
+    monkeypatch.setenv("SGJIT_KERNELS", "cuda")  # the CUDA kernels forced; the grouped GEMM still chosen
+    assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "grouped_mm"
+    monkeypatch.setenv("SGJIT_KERNELS", "moe_experts=reference")
+    assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "reference"

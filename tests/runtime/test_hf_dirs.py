@@ -3,10 +3,9 @@ directories load through our loader and match transformers' log-probs and greedy
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from tiny_hf import save_tiny_hf
 
 import sgjit
 
@@ -31,37 +30,11 @@ ARCHS = {
 }
 
 
-def make_model_dir(tmp_path, arch: str, tokenizer_backend) -> tuple:
-    import transformers
-
-    cls_name, extra = ARCHS[arch]
-    cfg = getattr(transformers, cls_name)(
-        vocab_size=tokenizer_backend.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.3,
-        bos_token_id=1,
-        eos_token_id=2,
-        **extra,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    path = tmp_path / arch
-    model.save_pretrained(path)
-    tokenizer_backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False})
-    )
-    return path, model
-
-
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_hf_directory_matches_transformers(tmp_path, runtime, arch):
-    path, hf = make_model_dir(tmp_path, arch, runtime.tokenizer.backend)
+    cls_name, extra = ARCHS[arch]
+    path = tmp_path / arch
+    hf = save_tiny_hf(path, cls_name, runtime.tokenizer.backend, **extra)
     rt = sgjit.Runtime(str(path), device="cpu", max_total_tokens=1024)
     try:
         assert rt.model_config.architecture == {"llama3": "llama"}.get(arch, arch)

@@ -5,13 +5,9 @@ drain's time limit, in-process."""
 from __future__ import annotations
 
 import json
-import os
-import queue
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,10 +17,9 @@ import pytest
 
 from sgjit.cli import main as cli_main
 
-from conftest import assert_no_leaked_pages
-from server_harness import LiveServer, wait_idle
+from conftest import assert_no_leaked_pages, wait_ended
+from server_harness import LiveServer, ServeProcess, wait_idle
 
-REPO = Path(__file__).resolve().parents[2]
 FLAGS = [
     "--model", "--enable-jit", "--host", "--port", "--device", "--dtype", "--tp", "--mem-fraction-static",
     "--max-model-len", "--max-running-requests", "--chunked-prefill-size", "--jit-cache-limit",
@@ -45,7 +40,7 @@ def test_serve_help_describes_every_flag(capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--tp", "2"], "tensor parallelism is not supported yet"),
+        (["--tp", "0"], "runtime option tp=0 must be an integer >= 1"),
         (["--mem-fraction-static", "1.5"], "mem_fraction_static"),
         (["--model", "/no/such/model.gguf", "--port", "0"], "no model found"),
     ],
@@ -70,42 +65,19 @@ def test_serve_exits_1_when_the_model_does_not_load(tmp_path, caplog):
     assert "could not load the model" in caplog.text and "not a GGUF file" in caplog.text
 
 
-def _lines(stream, out: queue.Queue) -> None:
-    for line in stream:
-        out.put(line)
-
-
-def _wait_for(lines: queue.Queue, pattern: str, log: list[str], timeout: float = 180) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            continue
-        log.append(line)
-        if m := re.search(pattern, line):
-            return m
-    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(log)}")
-
-
 def test_serve_process_start_ready_line_and_sigterm_drain():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sgjit.cli", "serve", "--device", "cpu", "--port", "0", "--max-total-tokens",
-         "2048", "--served-model-name", "tiny", "--drain-timeout", "120"],
-        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+    serve = ServeProcess(
+        "--device", "cpu", "--port", "0", "--max-total-tokens", "2048", "--served-model-name", "tiny",
+        "--drain-timeout", "120",
     )  # fmt: skip
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
-    log: list[str] = []
     try:
-        url = _wait_for(lines, r"(http://127\.0\.0\.1:\d+)/health answers 503", log).group(1)
+        url = serve.wait_for(r"(http://127\.0\.0\.1:\d+)/health answers 503").group(1)
         starting = httpx.get(url + "/health")
         assert starting.status_code == 503 and starting.json()["error"]["code"] == "starting"
-        ready = _wait_for(lines, r"sgjit ready at ", log).string
+        ready = serve.wait_for(r"sgjit ready at ").string
         for part in (url, "model tiny", "device cpu", "arch cpu", "JIT off", "KV cache 2048 tokens"):
             assert part in ready, ready
-        assert sum("sgjit ready" in line for line in log) == 1
+        assert sum("sgjit ready" in line for line in serve.log) == 1
         assert httpx.get(url + "/health").status_code == 200
 
         events: list[str] = []
@@ -125,18 +97,72 @@ def test_serve_process_start_ready_line_and_sigterm_drain():
         client.start()
         while len(events) < 2:
             time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        _wait_for(lines, r"SIGTERM: draining 1 request", log)
+        serve.proc.send_signal(signal.SIGTERM)
+        serve.wait_for(r"SIGTERM: draining 1 request")
         draining = httpx.get(url + "/health")
         assert draining.status_code == 503 and draining.json()["error"]["code"] == "draining"
         client.join(timeout=120)
         assert events[-1] == "data: [DONE]"
         chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert proc.wait(timeout=60) == 0
+        assert serve.proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        serve.kill()
+
+
+def test_serve_tp2_process_answers_like_one_process_and_leaves_nothing_behind(runtime):
+    """`sgjit serve --tp 2` on a CPU: two processes (gloo), the bundled model split over them."""
+    serve = ServeProcess("--device", "cpu", "--tp", "2", "--port", "0", "--max-total-tokens", "1024")
+    try:
+        rank1 = int(serve.wait_for(r"ranks 1\.\.1 are pids \[(\d+)\]").group(1))
+        ready = serve.wait_for(r"sgjit ready at (http://\S+)")
+        assert "device cpu float32 x tp 2" in ready.string, ready.string
+        prompts = ["The capital of France is", "def fibonacci(n):"]
+        params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+        body = {"text": prompts, "sampling_params": params}
+        got = httpx.post(ready.group(1) + "/generate", json=body, timeout=120)
+        assert got.status_code == 200, got.text
+        want = runtime.generate(prompts, params)
+        assert [g["output_ids"] for g in got.json()] == [w["output_ids"] for w in want]
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(timeout=60) == 0
+        assert wait_ended(rank1)  # rank 1 leaves its loop on rank 0's STOP
+    finally:
+        serve.kill()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[-1].split()[1]) == pid:
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_serve_under_torchrun_serves_from_rank_0(runtime):
+    """torchrun starts both ranks (RANK / WORLD_SIZE / MASTER_* set): rank 0 serves HTTP, rank 1 follows."""
+    serve = ServeProcess(
+        "--device", "cpu", "--tp", "2", "--port", "0", "--max-total-tokens", "1024",
+        launcher=("-m", "torch.distributed.run", "--nproc-per-node", "2"),
+    )  # fmt: skip
+    try:
+        ready = serve.wait_for(r"sgjit ready at (http://\S+)")
+        assert "x tp 2" in ready.string and sum("sgjit ready" in line for line in serve.log) == 1
+        ranks = _children(serve.proc.pid)
+        assert len(ranks) == 2
+        params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+        got = httpx.post(
+            ready.group(1) + "/generate", json={"text": "Hello there", "sampling_params": params}
+        )
+        assert got.json()["output_ids"] == runtime.generate("Hello there", params)["output_ids"]
+        serve.proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+        serve.proc.wait(timeout=60)
+        assert all(wait_ended(r) for r in ranks)
+    finally:
+        serve.kill()
 
 
 def test_drain_timeout_aborts_what_is_still_running(runtime):

@@ -1,27 +1,36 @@
 """Paged attention (attention.cu): one decode instantiation, one prefill/mixed instantiation and the
-split merge, all specialised on (dtype, KV dtype, head_dim, GQA group, page size, tile).
+split merge, all specialised on (dtype, KV dtype, head_dim, GQA group, page size, tile). Decode steps
+go to the streaming kernel (cuda/decode.py) where the selector gave it a tile.
 
 Decode steps launch a grid that depends only on the batch size and a static context bound (the
 split count), never on this step's lengths, so a captured CUDA graph replays for any lengths.
 Prefill and mixed steps (not graph-captured) build a work list of (row, m tile) on the host, longest
-first, once per step's metadata and shared by every layer."""
+first, once per step's metadata and shared by every layer. On compute capability 9.0 the selector
+may hand a `prefill_sm90` tile: those steps then run the warpgroup-MMA kernel (attention_sm90.py)
+over the same work list."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from sgjit.errors import KernelError
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile
+from sgjit.kernels.cuda.attention_sm90 import Sm90Prefill
+from sgjit.kernels.cuda.decode import StreamDecode
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
-from sgjit.kernels.registry import AttnTile
+from sgjit.kernels.registry import AttnTile, Sm90Tile, StreamTile
 from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
+
+log = logging.getLogger(__name__)
 
 LOG2E = 1.0 / math.log(2.0)
 MERGE_BLOCK = 256
@@ -45,8 +54,8 @@ class _Plan:
     """Launch shape of one step (cached per metadata object, i.e. per step)."""
 
     meta: AttentionMetadata
-    kernel: object
-    tile: AttnTile
+    kernel: object  # an attention.cu kernel, or the Sm90Prefill op
+    tile: AttnTile | Sm90Tile
     grid: tuple[int, int, int]
     work: torch.Tensor | None
     m_tiles: int
@@ -64,6 +73,8 @@ class PagedAttention:
         fixed_splits: int | None = None,
         kv_prefetch: int = 0,
         split_len: int = 0,
+        stream_tile: StreamTile | None = None,
+        prefill_sm90: Sm90Tile | None = None,
     ) -> None:
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
@@ -85,7 +96,19 @@ class PagedAttention:
         self.merge_kernel = kernels[names[2]]
         for kern, tile in ((self.decode_kernel, decode_tile), (self.prefill_kernel, prefill_tile)):
             allow_smem(kern, tile.smem_bytes(shapes.head_dim, shapes.kv_bytes))
+        if prefill_sm90 is not None and split_len:
+            raise ValueError("the sm_90 prefill kernel has no fixed key splits (batch-invariant mode)")
+        self.sm90 = Sm90Prefill(shapes, prefill_sm90) if prefill_sm90 is not None else None
         self._plan: _Plan | None = None
+        # Decode steps stream the pool with decode.cu where the selector gave it a tile; the
+        # mma.sync decode instantiation above serves the rest (batch-invariant splits, groups > 16)
+        # and takes over should decode.cu not build.
+        self.stream = None
+        if stream_tile is not None and not split_len:
+            try:
+                self.stream = StreamDecode(profile, shapes, stream_tile)
+            except KernelError as e:
+                log.warning("streaming decode kernel unavailable (%s); decode uses the mma.sync kernel", e)
 
     def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
         """Decode split count for a batch size and a static context bound (a graph bucket's)."""
@@ -107,13 +130,14 @@ class PagedAttention:
             grid = (hkv, meta.num_rows * m_tiles, self.splits_for_batch(meta.num_rows))
             plan = _Plan(meta, self.decode_kernel, tile, grid, None, m_tiles)
         else:
-            tile = self.prefill_tile
+            tile = self.prefill_tile if self.sm90 is None else self.sm90.tile
+            bm = tile.bm if isinstance(tile, AttnTile) else tile.BM
             qo, kvl = meta.qo_indptr_host, meta.kv_lens_host
             items = []  # (keys to visit, row, m tile): the heaviest tiles start first
             for b in range(meta.num_rows):
                 q_len = qo[b + 1] - qo[b]
-                for mt in range(-(-q_len * g // tile.bm)):
-                    last_token = min(q_len - 1, ((mt + 1) * tile.bm - 1) // g)
+                for mt in range(-(-q_len * g // bm)):
+                    last_token = min(q_len - 1, ((mt + 1) * bm - 1) // g)
                     items.append((kvl[b] - q_len + last_token, b, mt))
             items.sort(key=lambda it: -it[0])
             work = torch.tensor(
@@ -127,7 +151,8 @@ class PagedAttention:
                 splits = max(
                     1, min(-(-2 * self.profile.sm_count // ctas), meta.max_kv_len // (4 * tile.bn), 16)
                 )
-            plan = _Plan(meta, self.prefill_kernel, tile, (hkv, len(items), splits), work, 1)
+            kernel = self.prefill_kernel if self.sm90 is None else self.sm90
+            plan = _Plan(meta, kernel, tile, (hkv, len(items), splits), work, 1)
         self._plan = plan
         return plan
 
@@ -140,6 +165,8 @@ class PagedAttention:
             or meta.page_table.dtype != torch.int32 or not meta.page_table.is_contiguous()
         ):  # fmt: skip
             return reference.attention(q, kv, meta, scale)
+        if self.stream is not None and self.stream.serves(q, meta):
+            return self.stream(q, kv, meta, scale)
         plan = self._plan_for(meta)
         n, hq, d = q.shape
         out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
@@ -148,8 +175,33 @@ class PagedAttention:
         if splits > 1:
             part_o = torch.empty((splits, n, hq, d), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((splits, n, hq), dtype=torch.float32, device=q.device)
-        table = meta.page_table
-        hkv, items, _ = plan.grid
+        if plan.kernel is self.sm90:
+            self.sm90(q, kv, meta, scale * LOG2E * kv.k_scale, plan.work, plan.grid, out, part_o, part_lse)
+        else:
+            self._launch(plan, q, kv, meta, scale, out, part_o, part_lse)
+        if splits > 1:
+            rows = n * hq
+            launch(
+                self.merge_kernel, (-(-rows * (d // 4) // MERGE_BLOCK),), MERGE_BLOCK,
+                (ptr(part_o), ptr(part_lse), ptr(out), np.int32(rows), np.int32(splits)),
+            )  # fmt: skip
+        return out
+
+    def _launch(
+        self,
+        plan: _Plan,
+        q: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+        part_o: torch.Tensor | None,
+        part_lse: torch.Tensor | None,
+    ) -> None:
+        """attention.cu over the plan's grid."""
+        s, table = self.shapes, meta.page_table
+        hkv, items, splits = plan.grid
+        n, d = q.shape[0], q.shape[-1]
         for base in range(0, items, MAX_GRID_Y):  # one launch unless a prefill has > 65535 m tiles
             launch(
                 plan.kernel, (hkv, min(MAX_GRID_Y, items - base), splits), plan.tile.threads,
@@ -159,10 +211,3 @@ class PagedAttention:
                  np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale), np.int32(self.split_len)),
                 plan.tile.smem_bytes(d, s.kv_bytes),
             )  # fmt: skip
-        if splits > 1:
-            rows = n * hq
-            launch(
-                self.merge_kernel, (-(-rows * (d // 4) // MERGE_BLOCK),), MERGE_BLOCK,
-                (ptr(part_o), ptr(part_lse), ptr(out), np.int32(rows), np.int32(splits)),
-            )  # fmt: skip
-        return out

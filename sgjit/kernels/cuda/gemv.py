@@ -3,7 +3,8 @@ weights) or cuBLASLt's FP8 GEMM (`Fp8Weight`) for the rest.
 
 The selector sets how many rows go to the GEMV for each weight kind (`dense_rows`, `fp8_rows`; 0 =
 never): up to there it streams the weight once at close to copy bandwidth, past it the tensor-core
-GEMMs win. Row counts are bucketed to the compiled instantiations (1, 2, 4, 8, 16)."""
+GEMMs win. Row counts are bucketed to the compiled instantiations (1, 2, 4, 8, 16). The names, tiles
+and input checks here are shared with the fused decode GEMVs (fused_gemv.py)."""
 
 from __future__ import annotations
 
@@ -15,44 +16,93 @@ from sgjit.kernels.cuda.module import compile_kernels, launch, ptr
 from sgjit.kernels.fp8 import Fp8Weight, fp8_matmul_fits, linear_reference, linear_scaled_mm
 from sgjit.kernels.sources import CPP_TYPES
 
-THREADS = 128  # GEMV_THREADS in gemv.cu
+WARPS = 4  # a block: WARPS warps of NPW output channels each
+THREADS = 32 * WARPS
 ROW_BUCKETS = (1, 2, 4, 8, 16)
 # rows bucket -> (output channels a warp owns, loads in flight per channel and lane); more channels
-# a warp reuse each x vector, fewer keep more of the weight in flight.
+# a warp reuse each x vector, more loads in flight cut the memory round trips a warp waits through
+# in sequence (K / (32 x UNROLL) of them). These are the tiles the first H100 run measured (1-row
+# GEMVs at copy bandwidth, (2, 2) at 2 rows 1.7x slower on a 4096-wide weight); (2, 4) for 2-4 rows
+# is the candidate `--only gemv_tiles` of bench.kernels is to decide. Neither changes a lane's
+# summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
+# on sm_80.
 TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
+FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
 
 
-def gemv_name(dtype: str, weight: str, rows: int, npw: int, unroll: int) -> str:
-    return f"gemv_kernel<{CPP_TYPES[dtype]}, {CPP_TYPES[weight]}, {rows}, {npw}, {unroll}>"
+def gemv_name(dtype: str, weight: str, rows: int, npw: int, unroll: int, kernel: str = "gemv_kernel",
+              kv: str | None = None) -> str:  # fmt: skip
+    """A gemv.cu kernel's name expression; `kv`: the KV pool element of the RoPE epilogue."""
+    kv_arg = f"{CPP_TYPES[kv]}, " if kv else ""
+    return f"{kernel}<{CPP_TYPES[dtype]}, {kv_arg}{CPP_TYPES[weight]}, {rows}, {npw}, {unroll}, {WARPS}>"
 
 
 def bucket(m: int) -> int:
     return next(b for b in ROW_BUCKETS if b >= m)
 
 
-def _aligned_rows(t: torch.Tensor) -> bool:
+def channels_per_block(rows: int, tiles: dict[int, tuple[int, int]] = TILES) -> int:
+    return WARPS * tiles[bucket(rows)][0]
+
+
+def aligned_rows(t: torch.Tensor) -> bool:
     return t.dim() == 2 and t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
 
 
+def weight_parts(weight: torch.Tensor | Fp8Weight) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the streamed elements, the per-channel scales or None)."""
+    return (weight.data, weight.scale) if isinstance(weight, Fp8Weight) else (weight, None)
+
+
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, dtype: torch.dtype) -> bool:
+    """What every gemv.cu kernel takes: x and a dense weight in the model dtype (or an FP8 weight),
+    K a whole number of 16-byte loads, the weight contiguous and 16-byte aligned."""
+    data, _ = weight_parts(weight)
+    fp8 = isinstance(weight, Fp8Weight)
+    k = x.shape[-1]
+    return (
+        x.is_cuda
+        and x.dtype == dtype
+        and (fp8 or data.dtype == dtype)
+        and x.numel() > 0
+        and k % (_BYTES_PER_LOAD // data.element_size()) == 0
+        and data.is_contiguous()
+        and data.dim() == 2
+        and data.shape[1] == k
+        and data.data_ptr() % 16 == 0
+    )
+
+
+def flat_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [M, K] rows the kernels can read (16-byte aligned, unit inner stride)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if aligned_rows(flat) else flat.contiguous()
+
+
 class GemvLinear:
-    def __init__(self, dtype: torch.dtype, dtype_name: str, dense_rows: int, fp8_rows: int) -> None:
+    def __init__(
+        self, dtype: torch.dtype, dtype_name: str, dense_rows: int, fp8_rows: int,
+        tiles: dict[int, tuple[int, int]] = TILES,
+    ) -> None:  # fmt: skip
+        """`tiles`: the tile per rows bucket (another map only to compare tiles in a benchmark)."""
         if not {dense_rows, fp8_rows} <= {0, *ROW_BUCKETS}:
             raise ValueError(f"GEMV row limits must be 0 or one of {ROW_BUCKETS}")
         self.dtype, self.dtype_name = dtype, dtype_name
         self.dense_rows, self.fp8_rows = dense_rows, fp8_rows
+        self.tiles = tiles
         names = {}
-        for kind, limit in ((dtype_name, dense_rows), ("fp8_e4m3", fp8_rows)):
+        for kind, limit in ((dtype_name, dense_rows), (FP8_KIND, fp8_rows)):
             for b in ROW_BUCKETS:
                 if b <= limit:
-                    names[(kind, b)] = gemv_name(dtype_name, kind, b, *TILES[b])
+                    names[(kind, b)] = gemv_name(dtype_name, kind, b, *tiles[b])
         compiled = compile_kernels("gemv", sorted(set(names.values()))) if names else {}
         self._kernels = {key: compiled[n] for key, n in names.items()}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None):
         fp8 = isinstance(weight, Fp8Weight)
         m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if m <= (self.fp8_rows if fp8 else self.dense_rows) and self._fits(x, weight, bias, fp8):
+        if m <= (self.fp8_rows if fp8 else self.dense_rows) and self._fits(x, weight, bias):
             return self._gemv(x, weight, bias, fp8)
         if not fp8:
             return F.linear(x, weight, bias)
@@ -62,36 +112,21 @@ class GemvLinear:
             else linear_reference(x, weight, bias)
         )
 
-    def _fits(self, x: torch.Tensor, weight, bias, fp8: bool) -> bool:
-        data = weight.data if fp8 else weight
-        k = x.shape[-1]
-        per_load = _BYTES_PER_LOAD // data.element_size()
-        return (
-            x.is_cuda
-            and x.dtype == self.dtype
-            and (fp8 or data.dtype == self.dtype)
-            and x.numel() > 0
-            and k % per_load == 0
-            and data.is_contiguous()
-            and data.shape[1] == k
-            and data.data_ptr() % 16 == 0
-            and (bias is None or (bias.dtype == self.dtype and bias.is_contiguous()))
+    def _fits(self, x: torch.Tensor, weight, bias) -> bool:
+        return gemv_fits(x, weight, self.dtype) and (
+            bias is None or (bias.dtype == self.dtype and bias.is_contiguous())
         )
 
     def _gemv(self, x: torch.Tensor, weight, bias, fp8: bool) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
-        flat = x.reshape(-1, k)
-        if not _aligned_rows(flat):
-            flat = flat.contiguous()
-        data, scale = (weight.data, weight.scale) if fp8 else (weight, None)
+        flat = flat_rows(x)
+        data, scale = weight_parts(weight)
         m, n = flat.shape[0], data.shape[0]
         b = bucket(m)
-        kernel = self._kernels["fp8_e4m3" if fp8 else self.dtype_name, b]
-        npw, _ = TILES[b]
+        kernel = self._kernels[FP8_KIND if fp8 else self.dtype_name, b]
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        grid = -(-n // (THREADS // 32 * npw))
         launch(
-            kernel, (grid,), THREADS,
+            kernel, (-(-n // channels_per_block(m, self.tiles)),), THREADS,
             (ptr(flat), ptr(data), ptr(scale), ptr(bias), ptr(out), np.int32(m), np.int32(n), np.int32(k),
              np.int64(flat.stride(0)), np.int64(n)),
         )  # fmt: skip

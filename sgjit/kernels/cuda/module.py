@@ -2,7 +2,8 @@
 
 Compiled modules are cached in memory here and on disk by CuPy's kernel cache, whose directory is
 put under the sgjit cache dir (`SGJIT_CACHE_DIR/cupy`) so a new process loads cubins instead of
-paying NVRTC again. CuPy picks `-arch=sm_XY` from the current device. Launches go on
+paying NVRTC again. CuPy picks `-arch=sm_XY` from the current device (a family that needs an
+arch-specific target, such as sm_90a, adds it to its options). Launches go on
 `torch.cuda.current_stream()` through a CuPy `ExternalStream`, with raw `data_ptr()`s and numpy
 scalars as arguments — no CuPy arrays, no allocation, so every launch can be captured in a CUDA
 graph."""
@@ -44,22 +45,24 @@ def cupy_module() -> Any:
     return cupy
 
 
-def compile_kernels(family: str, names: Sequence[str], defines: tuple[str, ...] = ()) -> dict[str, Any]:
+def compile_kernels(
+    family: str, names: Sequence[str], defines: tuple[str, ...] = (), options: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The kernels `names` (C++ name expressions) of one family, compiled for the current device,
     one module per instantiation so ops that share one (and later processes, through CuPy's disk
-    cache) reuse it; `defines` are NAME=VALUE macros. Raises KernelError naming the instantiation
-    when NVRTC or the load fails."""
+    cache) reuse it; `defines` are NAME=VALUE macros, `options` further NVRTC flags. Raises
+    KernelError naming the instantiation when NVRTC or the load fails."""
     cupy = cupy_module()
-    options = COMPILE_OPTIONS + tuple(f"-D{d}" for d in defines)
+    flags = COMPILE_OPTIONS + options + tuple(f"-D{d}" for d in defines)
     kernels = {}
     with _lock:
         for name in names:
-            key = (family, name, defines)
+            key = (family, name, defines + options)
             try:
                 module = _modules.get(key)
                 if module is None:
                     module = cupy.RawModule(
-                        code=family_source(family), options=options, name_expressions=[name]
+                        code=family_source(family), options=flags, name_expressions=[name]
                     )
                 kernels[name] = module.get_function(name)
             except Exception as e:  # CompileException, CUDADriverError, ...
@@ -72,6 +75,22 @@ def allow_smem(kernel: Any, nbytes: int) -> None:
     """Raise a kernel's dynamic shared memory limit (needed above 48 KB)."""
     if nbytes > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+_resident: dict[tuple[int, int, int], int] = {}
+
+
+def resident_blocks(kernel: Any, threads: int, smem: int) -> int:
+    """Blocks of `kernel` one SM holds at once with `smem` bytes of dynamic shared memory each (the
+    driver's occupancy calculator; `allow_smem` first above 48 KB), at least 1. A CuPy `RawKernel`
+    holds no handle itself: its `kernel` property is the `cupy.cuda.function.Function` loaded on the
+    current device, whose `ptr` is the CUfunction the driver call takes."""
+    func = kernel.kernel.ptr
+    key = (func, threads, smem)
+    if key not in _resident:
+        occupancy = cupy_module().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
+        _resident[key] = max(1, occupancy(func, threads, smem))
+    return _resident[key]
 
 
 def current_stream() -> Any:

@@ -9,6 +9,7 @@ import torch
 
 from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.quant import QuantWeight
+from sgjit.runtime.loader.kv_scales import KVScales
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.tokenizer import Tokenizer
 
@@ -23,3 +24,4 @@ class Checkpoint:
     path: Path
     format: str  # "gguf" | "hf"
     rope_freq_factors: torch.Tensor | None = None
+    kv_scales: KVScales | None = None  # an FP8-KV checkpoint's per-layer K/V cache scales

@@ -105,6 +105,12 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], name: str) ->
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
+    if get("expert_count"):
+        raise UnsupportedModelError(
+            "mixture-of-experts GGUF files are not supported; load the model's Hugging Face safetensors "
+            "directory instead"
+        )
+
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     head_dim = int(get("attention.key_length") or hidden // heads)

@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 from sgjit.errors import ModelFormatError
 from sgjit.kernels.fp8 import FP8, Fp8Weight
 from sgjit.runtime.loader.checkpoint import Checkpoint
+from sgjit.runtime.loader.deepseek_v4 import deepseek_v4_weights
+from sgjit.runtime.loader.kv_scales import pop_kv_scales
 from sgjit.runtime.model.config import ModelConfig
 from sgjit.runtime.tokenizer import Tokenizer
 
@@ -88,6 +90,11 @@ def load_hf_dir(path: Path, name: str = "") -> Checkpoint:
             weights.update(load_file(str(f)))
         except (SafetensorError, OSError) as e:
             raise ModelFormatError(f"cannot read weights {f}: {e}") from e
+    if config.deepseek_v4 is not None:  # DeepSeek's released layout and FP8/FP4 scales
+        weights = deepseek_v4_weights(weights, raw.get("quantization_config") or {})
+    kv_scales = pop_kv_scales(weights, config.num_layers)
     if any(t.dtype == FP8 for t in weights.values()):
         weights = _fp8_weights(weights, raw.get("quantization_config") or {})
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, path=path, format="hf")
+    return Checkpoint(
+        config=config, weights=weights, tokenizer=tokenizer, path=path, format="hf", kv_scales=kv_scales
+    )

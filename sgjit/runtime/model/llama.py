@@ -1,5 +1,8 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) in torch. Every op goes through
-the ops table; the weights are fused at load (q|k|v and gate|up) so a layer is four GEMMs."""
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, and the MoE families Mixtral,
+Qwen2-MoE, Qwen3-MoE) in torch. Every op goes through the ops table; the weights are fused at load
+(q|k|v and gate|up) so a dense layer is four GEMMs. A layer's feed-forward is a dense MLP (mlp.py)
+or a sparse MoE block (moe.py); attention is the same in all. A decode step runs a dense layer as
+the table's fused ops (norm, RoPE, activation and residual adds inside the GEMMs) where it has them."""
 
 from __future__ import annotations
 
@@ -14,7 +17,10 @@ from sgjit.kernels.ops import LayerKV, OpTable
 from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.model.config import ModelConfig
+from sgjit.runtime.model.mlp import DenseMLP
+from sgjit.runtime.model.moe import FeedForward, load_feed_forward
 from sgjit.runtime.model.rope import cos_sin_table
+from sgjit.runtime.parallel.comm import ModelComm
 
 
 @dataclass(slots=True)
@@ -26,8 +32,7 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     o_proj: Any
     ffn_norm: torch.Tensor
-    gate_up: Any  # [2 intermediate, hidden]
-    down: Any
+    mlp: FeedForward
 
 
 class LlamaModel:
@@ -41,11 +46,14 @@ class LlamaModel:
         max_positions: int | None = None,
         rope_freq_factors: torch.Tensor | None = None,
         fp8_weights: bool = False,
+        comm: ModelComm | None = None,
     ) -> None:
         """`fp8_weights`: the layers' GEMM weights as FP8 with per-channel scales (quantized here
         when the checkpoint holds them in 16/32 bits); otherwise FP8 checkpoint weights are
-        dequantized. Embeddings and the LM head keep the compute dtype."""
+        dequantized. Embeddings and the LM head keep the compute dtype. Under tensor parallelism
+        `config` and `weights` are one rank's share (parallel/shard.py) and `comm` joins the ranks."""
         self.config = config
+        self.comm = comm or ModelComm()
         self.ops = ops
         self.device = device
         self.dtype = dtype
@@ -81,39 +89,78 @@ class LlamaModel:
             k_norm=take(f"{p}self_attn.k_norm.weight") if cfg.qk_norm else None,
             o_proj=prep(take.layer_gemm(f"{p}self_attn.o_proj.weight")),
             ffn_norm=take(f"{p}post_attention_layernorm.weight"),
-            gate_up=prep(take.stack([take.layer_gemm(f"{p}mlp.{n}_proj.weight") for n in ("gate", "up")])),
-            down=prep(take.layer_gemm(f"{p}mlp.down_proj.weight")),
+            mlp=load_feed_forward(take, cfg, i, prep),
         )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_layers: list[LayerKV]) -> torch.Tensor:
-        """Logits (float32) `[len(batch.logits_indices), vocab]` for the selected positions."""
-        ops, cfg = self.ops, self.config
-        n = batch.num_tokens
-        eps = cfg.rms_norm_eps
-        hidden = self.embed[batch.input_ids]
+        """Logits (float32) `[len(batch.logits_indices), vocab]` for the selected positions. A step of
+        at most `ops.fused_rows` tokens (a decode step) runs each layer as the fused ops, the others
+        as the unfused ones; both compute the same roundings."""
+        ops, eps = self.ops, self.config.rms_norm_eps
+        hidden = self.comm.embed(self.embed, batch.input_ids)
         cos_sin = self.cos_sin[batch.positions]  # once per step, shared by every layer
+        # the fused ops add the residual inside the row-parallel GEMMs: under tensor parallelism the
+        # partial sums must be all-reduced first, so its steps run the unfused ops
+        if batch.num_tokens <= ops.fused_rows and not self.comm.parallel:
+            residual = hidden
+            for layer, kv in zip(self.layers, kv_layers):
+                residual = self._fused_layer(layer, residual, cos_sin, kv, batch)
+            x = residual[batch.logits_indices]
+            return ops.rmsnorm_linear(x, self.final_norm, eps, self.lm_head, None).float()
         residual = hidden
         x = ops.rmsnorm(hidden, self.layers[0].attn_norm, eps)
-        for i, layer in enumerate(self.layers):
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_layers)):
             if i > 0:
                 x, residual = ops.add_rmsnorm(hidden, residual, layer.attn_norm, eps)
-            qkv = ops.linear(x, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = q.reshape(n, cfg.num_heads, cfg.head_dim)
-            k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
-            v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
-            if layer.q_norm is not None:
-                q = ops.rmsnorm(q, layer.q_norm, eps)
-                k = ops.rmsnorm(k, layer.k_norm, eps)
-            q = ops.rope_store_kv(q, k, v, cos_sin, kv_layers[i], batch.slot_mapping)
-            attn = ops.attention(q, kv_layers[i], batch.attn, self.scale)
-            hidden = ops.linear(attn.reshape(n, cfg.q_size), layer.o_proj, None)
+            q = self._rope(ops.linear(x, layer.qkv, layer.qkv_bias), layer, cos_sin, kv, batch)
+            attn = ops.attention(q, kv, batch.attn, self.scale)
+            hidden = self.comm.reduce(
+                ops.linear(attn.reshape(batch.num_tokens, self.config.q_size), layer.o_proj, None)
+            )
             x, residual = ops.add_rmsnorm(hidden, residual, layer.ffn_norm, eps)
-            hidden = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up, None)), layer.down, None)
+            hidden = self.comm.reduce(layer.mlp(ops, x))
         x, _ = ops.add_rmsnorm(hidden, residual, self.final_norm, eps)
         x = x[batch.logits_indices]
-        return ops.linear(x, self.lm_head, None).float()
+        return self.comm.logits(ops.linear(x, self.lm_head, None).float())
+
+    def _fused_layer(
+        self,
+        layer: LayerWeights,
+        residual: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv: LayerKV,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """One layer as the fused ops: the residual stream in, the residual stream out."""
+        ops, cfg, eps = self.ops, self.config, self.config.rms_norm_eps
+        if layer.q_norm is None:
+            q = ops.rmsnorm_qkv_rope(
+                residual, layer.attn_norm, eps, layer.qkv, layer.qkv_bias, cos_sin, kv, batch.slot_mapping
+            )
+        else:  # per-head q/k norms sit between the projection and RoPE
+            qkv = ops.rmsnorm_linear(residual, layer.attn_norm, eps, layer.qkv, layer.qkv_bias)
+            q = self._rope(qkv, layer, cos_sin, kv, batch)
+        attn = ops.attention(q, kv, batch.attn, self.scale)
+        residual = ops.linear_residual(attn.reshape(batch.num_tokens, cfg.q_size), layer.o_proj, residual)
+        if not isinstance(layer.mlp, DenseMLP):  # a sparse block: its router and experts, unfused
+            return layer.mlp(ops, ops.rmsnorm(residual, layer.ffn_norm, eps)) + residual
+        act = ops.rmsnorm_gate_up_silu(residual, layer.ffn_norm, eps, layer.mlp.gate_up)
+        return ops.linear_residual(act, layer.mlp.down, residual)
+
+    def _rope(
+        self, qkv: torch.Tensor, layer: LayerWeights, cos_sin: torch.Tensor, kv: LayerKV, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """The q|k|v projection split into heads, q/k normed (Qwen3), k and v stored, q rotated."""
+        ops, cfg, n = self.ops, self.config, batch.num_tokens
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.reshape(n, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        if layer.q_norm is not None:
+            q = ops.rmsnorm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = ops.rmsnorm(k, layer.k_norm, cfg.rms_norm_eps)
+        return ops.rope_store_kv(q, k, v, cos_sin, kv, batch.slot_mapping)
 
 
 class _WeightTaker:

@@ -10,7 +10,8 @@ from dataclasses import replace
 import torch
 
 from sgjit.errors import ModelNotFoundError
-from sgjit.runtime.model.config import ModelConfig, RopeConfig
+from sgjit.runtime.model.config import ModelConfig, MoeConfig, RopeConfig
+from sgjit.runtime.model.moe import sparse_layer_shapes
 
 MODEL_SHAPES: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(
@@ -34,6 +35,28 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
         architecture="mistral", vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_layers=32,
         num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope=RopeConfig(theta=1000000.0, dim=128),
         max_position_embeddings=32768, tie_word_embeddings=False, name="random:mistral-7b",
+    ),
+    # MoE: 30.5B weights (61 GB bf16), 3.3B active a token
+    "qwen3-30b-a3b": ModelConfig(
+        architecture="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48,
+        num_heads=32, num_kv_heads=4, head_dim=128, rms_norm_eps=1e-6, rope=RopeConfig(theta=1000000.0, dim=128),
+        max_position_embeddings=40960, tie_word_embeddings=False, qk_norm=True, name="random:qwen3-30b-a3b",
+        moe=MoeConfig(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True),
+    ),
+    # 46.7B weights (93 GB bf16), 12.9B active
+    "mixtral-8x7b": ModelConfig(
+        architecture="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_layers=32,
+        num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope=RopeConfig(theta=1000000.0, dim=128),
+        max_position_embeddings=32768, tie_word_embeddings=False, name="random:mixtral-8x7b",
+        moe=MoeConfig(num_experts=8, top_k=2, intermediate_size=14336, norm_topk_prob=True),
+    ),
+    # Qwen1.5-MoE-A2.7B: 14.3B weights (29 GB bf16), 2.7B active; a shared expert beside 60 routed
+    "qwen1.5-moe-a2.7b": ModelConfig(
+        architecture="qwen2_moe", vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_layers=24,
+        num_heads=16, num_kv_heads=16, head_dim=128, rms_norm_eps=1e-6, rope=RopeConfig(theta=1000000.0, dim=128),
+        max_position_embeddings=8192, tie_word_embeddings=False, qkv_bias=True, name="random:qwen1.5-moe-a2.7b",
+        moe=MoeConfig(num_experts=60, top_k=4, intermediate_size=1408, norm_topk_prob=False,
+                      shared_intermediate_size=5632),
     ),
     "smollm2-135m": ModelConfig(
         architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -84,10 +107,15 @@ def random_weights(
             p + "self_attn.k_proj.weight": rnd(kv, h),
             p + "self_attn.v_proj.weight": rnd(kv, h),
             p + "self_attn.o_proj.weight": rnd(h, q),
-            p + "mlp.gate_proj.weight": rnd(i, h),
-            p + "mlp.up_proj.weight": rnd(i, h),
-            p + "mlp.down_proj.weight": rnd(h, i),
         }
+        if config.moe is not None and config.moe.is_sparse(n):
+            w |= {name: rnd(*shape) for name, shape in sparse_layer_shapes(config, n).items()}
+        else:
+            w |= {
+                p + "mlp.gate_proj.weight": rnd(i, h),
+                p + "mlp.up_proj.weight": rnd(i, h),
+                p + "mlp.down_proj.weight": rnd(h, i),
+            }
         if config.qkv_bias:
             w |= {p + f"self_attn.{x}_proj.bias": rnd(s) for x, s in (("q", q), ("k", kv), ("v", kv))}
         if config.qk_norm:

@@ -1,0 +1,458 @@
+// Prefill attention for Hopper (sm_90a), in the manner of FlashAttention-3: warpgroup MMAs
+// (wgmma.mma_async) fed from shared memory, a producer warpgroup streaming K/V tiles into a
+// multi-stage ring signalled with mbarriers, and two consumer warpgroups that each own 64 of the
+// CTA's 128 packed query rows. Only sm_90a has these instructions; attention.cu (mma.sync) keeps
+// decode, fp8 pools and every other architecture.
+//
+// Rows are packed as in attention.cu: packed row p of a CTA is token p / G and q head
+// kv_head * G + p % G, so each K/V tile streamed from the pool serves the whole GQA group.
+//
+// S = Q K^T takes Q and K from shared memory (both K-major: head_dim contiguous); O += P V takes
+// P from registers (the accumulator of S, rounded to T, is already laid out as the A fragment)
+// and V from shared memory as an MN-major operand (transposed by the instruction). Every tile
+// is stored in the 128-byte swizzle the descriptors name: [head_dim / 64][rows][128 bytes], the
+// 16-byte chunk index XOR row % 8, each 8-row atom 1024-byte aligned.
+//
+// The pool interleaves kv heads ([page, slot, kv head, D]), so a head's rows are 2*D-byte pieces
+// at a stride and pages are not contiguous: the producer copies them with 16-byte cp.async, each
+// row's page looked up in the page table, and the copies' completion arrives on the stage's
+// mbarrier (cp.async.mbarrier.arrive.noinc). K and V of a stage have separate barriers, so
+// Q K^T starts before V lands. Consumers release a stage once their MMAs on it are done.
+//
+// Splits of a row's keys (few long rows) write partial O and lse like attention.cu and are merged
+// by its merge_splits_kernel.
+#include "common.cuh"
+
+using namespace sgjit;
+
+namespace sgjit {
+
+typedef unsigned long long u64;
+
+#define SGJIT_WGMMA_SS_N64(PTX_TYPE)                                                                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                              \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " {"                                  \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                       \
+               "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                           \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define SGJIT_WGMMA_RS_N64(PTX_TYPE)                                                                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                              \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " {"                                  \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                       \
+               "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                                             \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+
+#define SGJIT_WGMMA_SS_N128(PTX_TYPE)                                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                              \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " {"                                 \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                        \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                       \
+               "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                                           \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define SGJIT_WGMMA_RS_N128(PTX_TYPE)                                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                              \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " {"                                 \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                        \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                       \
+               "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                             \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+
+template <typename T, int N> __device__ __forceinline__ void wgmma_ss(float* d, u64 desc_a, u64 desc_b, int scale_d);
+template <typename T, int N> __device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 desc_b, int scale_d);
+// The four shapes (S with 64 or 128 keys, O with head_dim 64 or 128) for one 16-bit type.
+#define SGJIT_WGMMA_DEFS(T, PTX_TYPE)                                                                         \
+  template <> __device__ __forceinline__ void wgmma_ss<T, 64>(float* d, u64 desc_a, u64 desc_b, int scale_d) {  \
+    SGJIT_WGMMA_SS_N64(PTX_TYPE);                                                                             \
+  }                                                                                                           \
+  template <> __device__ __forceinline__ void wgmma_ss<T, 128>(float* d, u64 desc_a, u64 desc_b, int scale_d) { \
+    SGJIT_WGMMA_SS_N128(PTX_TYPE);                                                                            \
+  }                                                                                                           \
+  template <> __device__ __forceinline__ void wgmma_rs<T, 64>(float* d, const u32* a, u64 desc_b, int scale_d) { \
+    SGJIT_WGMMA_RS_N64(PTX_TYPE);                                                                             \
+  }                                                                                                           \
+  template <> __device__ __forceinline__ void wgmma_rs<T, 128>(float* d, const u32* a, u64 desc_b, int scale_d) { \
+    SGJIT_WGMMA_RS_N128(PTX_TYPE);                                                                            \
+  }
+SGJIT_WGMMA_DEFS(__nv_bfloat16, "bf16")
+SGJIT_WGMMA_DEFS(__half, "f16")
+#undef SGJIT_WGMMA_DEFS
+#undef SGJIT_WGMMA_SS_N64
+#undef SGJIT_WGMMA_SS_N128
+#undef SGJIT_WGMMA_RS_N64
+#undef SGJIT_WGMMA_RS_N128
+
+// Orders the warpgroup's register writes before the next wgmma reads them (accumulators, P).
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of an accumulator across the asynchronous MMA that owns it.
+template <int N> __device__ __forceinline__ void pin(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63): start address, leading
+// and stride byte offsets, each in 16-byte units.
+__device__ __forceinline__ u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// Byte offset of 16-byte chunk c of row r in a [ROWS, D] tile of 2-byte values stored for the
+// 128-byte swizzle: D / 64 column blocks of [ROWS][128 B], chunk index XOR row % 8.
+template <int ROWS> __device__ __forceinline__ u32 sw128_off(int r, int c) {
+  return (u32)((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives once this thread's earlier cp.async copies have landed (the barrier counts the arrival).
+__device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
+  u32 done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// What a thread waits for, named by the watchdog.
+enum WaitSite { WAIT_EMPTY = 0, WAIT_FULL_K = 1, WAIT_FULL_V = 2 };
+__device__ __forceinline__ u64 globaltimer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Waits for the completion of the barrier's phase of this parity. Built with
+// SGJIT_SM90_WATCHDOG=<ms> (debug runs only), a wait longer than that prints who waited on what and
+// traps, so a synchronization bug fails the launch instead of hanging the process.
+__device__ __forceinline__ void mbar_wait(u32 bar, int parity, WaitSite site, int tile) {
+#ifdef SGJIT_SM90_WATCHDOG
+  const u64 t0 = globaltimer_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (globaltimer_ns() - t0 > (u64)(SGJIT_SM90_WATCHDOG) * 1000000ull) {
+      if (threadIdx.x % 32 == 0) {
+        printf("sgjit sm90 watchdog: block (%d,%d,%d) warp %d waited %d ms on %s of tile %d (parity %d)\n",
+               blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x / 32, (int)(SGJIT_SM90_WATCHDOG),
+               site == WAIT_EMPTY ? "empty" : site == WAIT_FULL_K ? "full_k" : "full_v", tile, parity);
+      }
+      __trap();
+    }
+  }
+#else
+  (void)site, (void)tile;
+  while (!mbar_try_wait(bar, parity)) {
+  }
+#endif
+  __syncwarp();  // the warp leaves the spin together: the wgmma that follows is .aligned
+}
+// Barrier among the 128 threads of one warpgroup (ids 1.. leave 0 to __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+}  // namespace sgjit
+
+// Registers a thread of each role gets after the split (setmaxnreg). setmaxnreg only moves registers
+// within the CTA's own allocation: the CTA starts with LAUNCH_REGS a thread (65536 / 384 rounded down
+// to a multiple of 8 = 168, which ptxas gives every instantiation under these launch bounds;
+// Sm90Prefill checks it), the producer's .dec puts 128 * (168 - PRODUCER_REGS) into the CTA's pool,
+// and each consumer warp's .inc spins until it can take 32 * (CONSUMER_REGS - 168) from it. A split
+// the pool cannot cover leaves a consumer warp in setmaxnreg.inc forever (80 / 216 did: 11264
+// released, 12288 asked). The producer's code uses 56 registers (SASS, D = 128).
+constexpr int SM90_THREADS = 384;
+constexpr int LAUNCH_REGS = 65536 / SM90_THREADS / 8 * 8;
+constexpr int PRODUCER_REGS = 72;
+constexpr int CONSUMER_REGS = 216;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= SM90_THREADS * LAUNCH_REGS,
+              "setmaxnreg split larger than the CTA's registers: consumers would wait forever");
+
+template <typename T, int D, int G, int PAGE, int BN, int STAGES>
+__global__ void __launch_bounds__(SM90_THREADS, 1)
+    attention_sm90_kernel(const T* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,
+                          const T* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
+                          const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
+                          const int* __restrict__ work, int item_base, T* __restrict__ out,
+                          float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
+                          float scale_log2) {
+  constexpr int BM = 128;                  // packed rows per CTA: 64 per consumer warpgroup
+  constexpr int CPR = D / 8;               // 16-byte chunks per row
+  constexpr int KSTEPS = D / 16;           // k16 steps of S = Q K^T
+  constexpr int PSTEPS = BN / 16;          // k16 steps of O += P V
+  constexpr int ROWS_PER_PASS = 128 / CPR; // rows the producer warpgroup copies at once
+  constexpr u32 Q_BYTES = BM * D * 2;
+  constexpr u32 TILE_BYTES = BN * D * 2;
+  constexpr int TILE_PAGES = BN / PAGE > 1 ? BN / PAGE : 1;  // pages one key tile spans
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(BN == 64 || BN == 128, "64 or 128 keys a tile");
+  static_assert(STAGES >= 2, "a ring of at least two stages");
+  static_assert((PAGE & (PAGE - 1)) == 0 && TILE_PAGES <= 32, "page size a power of two, >= BN / 32");
+
+  extern __shared__ unsigned char smem_raw[];
+  const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  const u32 sq = base;
+  const u32 sring = base + Q_BYTES;  // stage s: K tile at sring + 2 s TILE_BYTES, V tile after it
+  const u32 bars = sring + STAGES * 2 * TILE_BYTES;
+  auto full_k = [&](int s) { return bars + 8u * s; };
+  auto full_v = [&](int s) { return bars + 8u * (STAGES + s); };
+  auto empty = [&](int s) { return bars + 8u * (2 * STAGES + s); };
+
+  const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128;
+  const int item = item_base + blockIdx.y;
+  const int row = work[2 * item], mt = work[2 * item + 1];
+  const int h = blockIdx.x, split = blockIdx.z, num_splits = gridDim.z;
+  const int hq = hkv * G;
+  const int qo_start = qo_indptr[row];
+  const int q_len = qo_indptr[row + 1] - qo_start;
+  const int kv_len = kv_lens[row];
+  const int pr0 = mt * BM;
+  if (pr0 >= q_len * G) return;
+
+  // Keys this CTA covers: its split of the row, cut at the last query position of its rows.
+  const int pos_last = kv_len - q_len + min(q_len - 1, (pr0 + BM - 1) / G);
+  const int chunk = ((kv_len + num_splits - 1) / num_splits + BN - 1) / BN * BN;
+  const int kv_begin = split * chunk;
+  const int kv_end = min(kv_len, kv_begin + chunk);
+  const int kv_stop = min(kv_end, pos_last + 1);
+  const int num_tiles = kv_stop > kv_begin ? (kv_stop - kv_begin + BN - 1) / BN : 0;
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      // One arrival per producer thread, when its copies land: .noinc arrivals do not raise the
+      // expected count, so these 128 are the whole of each phase.
+      mbar_init(full_k(s), 128);
+      mbar_init(full_v(s), 128);
+      // One arrival per consumer warp for every tile, also from a warpgroup whose rows skip it
+      // (causal, or no rows at all): the producer waits for all 8 before refilling the stage.
+      mbar_init(empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: K and V tiles of the row's pages -> the ring ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    const int* pages = page_table + (i64)row * pt_stride;
+    const int part = lt % CPR, tok0 = lt / CPR, lane = lt % 32;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int s = t % STAGES;
+      const int tile0 = kv_begin + t * BN;
+      // The tile's pages (tile0 is a multiple of BN, so it spans max(1, BN / PAGE) of them), one
+      // lane each, looked up before the stage frees up; each copy takes its page by shuffle.
+      const int first_page = tile0 / PAGE;
+      const int lane_page =
+          lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop ? pages[first_page + lane] : 0;
+      if (t >= STAGES) mbar_wait(empty(s), ((t / STAGES) + 1) & 1, WAIT_EMPTY, t);
+#pragma unroll
+      for (int kv = 0; kv < 2; ++kv) {
+        const T* cache = kv == 0 ? k_cache : v_cache;
+        const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
+#pragma unroll 8
+        for (int j = 0; j < BN / ROWS_PER_PASS; ++j) {
+          const int tok = tok0 + j * ROWS_PER_PASS;
+          const int pos = tile0 + tok;
+          const bool ok = pos < kv_stop;
+          const int page = __shfl_sync(0xffffffffu, lane_page, pos / PAGE - first_page);
+          const i64 off = ok ? (((i64)page * PAGE + (pos & (PAGE - 1))) * hkv + h) * D + part * 8 : 0;
+          cp_async16(dst + sw128_off<BN>(tok, part), cache + off, ok ? 16 : 0);
+        }
+        mbar_arrive_on_copies(kv == 0 ? full_k(s) : full_v(s));
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  // ---- consumers: warpgroup cw owns packed rows cw * 64 .. cw * 64 + 63 ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+  const int cw = wg - 1, warp = lt / 32, lane = lt % 32;
+
+  // Q rows -> shared (zero past the row's queries), visible to the async proxy before any MMA.
+  for (int c = lt; c < 64 * CPR; c += 128) {
+    const int r = cw * 64 + c / CPR, part = c % CPR;
+    const int pr = pr0 + r, i = pr / G;
+    const bool ok = i < q_len;
+    const T* src = ok ? q + (i64)(qo_start + i) * q_stride + (h * G + pr % G) * D + part * 8 : q;
+    cp_async16(sq + sw128_off<BM>(r, part), src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  warpgroup_sync(1 + cw);
+
+  // This thread's rows: r and r + 8 of its warp's 16 (the wgmma accumulator layout).
+  const int r_cta = cw * 64 + warp * 16 + lane / 4;
+  int qpos[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = (pr0 + r_cta + 8 * hf) / G;
+    qpos[hf] = i < q_len ? kv_len - q_len + i : -1;
+  }
+  // The warpgroup's own query positions: tiles past its last are skipped, tiles past its first masked.
+  const int wg_tok_first = (pr0 + cw * 64) / G;
+  const int wg_pos_first = kv_len - q_len + wg_tok_first;
+  const int wg_pos_last = wg_tok_first < q_len ? kv_len - q_len + min(q_len - 1, (pr0 + cw * 64 + 63) / G) : -1;
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const u32 q_rows = sq + cw * 64 * 128;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    const int s = t % STAGES, parity = (t / STAGES) & 1;
+    const int tile0 = kv_begin + t * BN;
+    const u32 sk = sring + 2 * s * TILE_BYTES, sv = sk + TILE_BYTES;
+    mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
+    if (tile0 <= wg_pos_last) {
+      fence_proxy_async();
+      // ---- S = Q K^T (64 x BN) ----
+      float sacc[BN / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; ++kk) {
+        const u32 koff = (kk % 4) * 32u;  // k16 step within a 128-byte row: 32 bytes
+        const u64 da = sw128_desc(q_rows + (kk / 4) * (BM * 128) + koff, 16, 1024);
+        const u64 db = sw128_desc(sk + (kk / 4) * (BN * 128) + koff, 16, 1024);
+        wgmma_ss<T, BN>(sacc, da, db, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin<BN / 2>(sacc);
+
+      // ---- mask, online softmax (exp2 domain) ----
+      const bool need_mask = tile0 + BN > kv_end || tile0 + BN - 1 > wg_pos_first;
+      float corr[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = sacc[nb * 4 + hf * 2 + e] * scale_log2;
+            if (need_mask) {
+              const int j = tile0 + nb * 8 + 2 * (lane % 4) + e;
+              if (j >= kv_end || j > qpos[hf]) x = -INFINITY;
+            }
+            sacc[nb * 4 + hf * 2 + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[hf], mx);
+        const float mb = m_new == -INFINITY ? 0.f : m_new;
+        corr[hf] = exp2f(m_run[hf] - mb);
+        float rs = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(sacc[nb * 4 + hf * 2 + e] - mb);
+            sacc[nb * 4 + hf * 2 + e] = p;
+            rs += p;
+          }
+        }
+        l_run[hf] = l_run[hf] * corr[hf] + rs;
+        m_run[hf] = m_new;
+      }
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[db * 4 + i] *= corr[i / 2];
+      }
+      // P in T, already in the A-fragment layout of the P V product (k16 step j = n8 blocks 2j, 2j+1).
+      u32 p[PSTEPS][4];
+#pragma unroll
+      for (int j = 0; j < PSTEPS; ++j) {
+        p[j][0] = pack2<T>(sacc[8 * j + 0], sacc[8 * j + 1]);
+        p[j][1] = pack2<T>(sacc[8 * j + 2], sacc[8 * j + 3]);
+        p[j][2] = pack2<T>(sacc[8 * j + 4], sacc[8 * j + 5]);
+        p[j][3] = pack2<T>(sacc[8 * j + 6], sacc[8 * j + 7]);
+      }
+
+      // ---- O += P V ----
+      mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
+      fence_proxy_async();
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < PSTEPS; ++j) {
+        // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
+        wgmma_rs<T, D>(o, p[j], sw128_desc(sv + j * 2048, BN * 128, 1024), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin<D / 2>(o);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(s));
+  }
+
+  // ---- finish: row sums across the quad, normalise, write (or the split's partial result) ----
+  const bool split_out = num_splits > 1;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = l_run[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int pr = pr0 + r_cta + 8 * hf, i = pr / G;
+    if (i >= q_len) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const i64 head_row = (i64)(qo_start + i) * hq + h * G + pr % G;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      const int d = db * 8 + 2 * (lane % 4);
+      const float v0 = o[db * 4 + hf * 2] * inv, v1 = o[db * 4 + hf * 2 + 1] * inv;
+      if (split_out) {
+        *reinterpret_cast<float2*>(part_o + ((i64)split * num_tokens * hq + head_row) * D + d) = make_float2(v0, v1);
+      } else {
+        *reinterpret_cast<u32*>(out + head_row * D + d) = pack2<T>(v0, v1);
+      }
+    }
+    if (split_out && lane % 4 == 0) {
+      part_lse[(i64)split * num_tokens * hq + head_row] = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
+    }
+  }
+}

@@ -1,0 +1,75 @@
+"""The Hopper prefill kernel (attention_sm90.cu), compiled for sm_90a: the arch-specific target that
+has the warpgroup MMAs. CuPy passes NVRTC `-arch=sm_90` for the device; NVRTC keeps the stronger
+`-arch=sm_90a` given with it (checked with NVRTC 13.0: the cubin's target is sm_90a either order).
+`PagedAttention` calls it for prefill and mixed steps; decode stays on attention.cu.
+`SGJIT_SM90_WATCHDOG=<ms>` builds it with the kernel's barrier watchdog (debug runs: a deadlock
+traps instead of hanging the process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sgjit.errors import KernelError
+from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
+from sgjit.kernels.ops import AttentionMetadata, LayerKV
+from sgjit.kernels.registry import Sm90Tile
+from sgjit.kernels.sources import CPP_TYPES
+from sgjit.kernels.spec import ModelShapes
+from sgjit.settings import env
+
+SM90_OPTIONS = ("-arch=sm_90a",)
+MAX_GRID_Y = 65535
+# Registers a thread the kernel must be built with (attention_sm90.cu's LAUNCH_REGS): its setmaxnreg
+# split (PRODUCER_REGS, CONSUMER_REGS) redistributes 384 x 168 and deadlocks if the CTA holds fewer.
+LAUNCH_REGS = 168
+
+
+def attention_sm90_name(shapes: ModelShapes, tile: Sm90Tile) -> str:
+    return (
+        f"attention_sm90_kernel<{CPP_TYPES[shapes.dtype]}, {shapes.head_dim}, {shapes.group}, "
+        f"{shapes.page_size}, {tile.bn}, {tile.stages}>"
+    )
+
+
+class Sm90Prefill:
+    """One instantiation of the kernel, launched over a host-built work list of (row, m tile)."""
+
+    def __init__(self, shapes: ModelShapes, tile: Sm90Tile) -> None:
+        if shapes.kv_dtype != shapes.dtype:
+            raise ValueError(f"the sm_90 prefill kernel reads {shapes.dtype} pools, not {shapes.kv_dtype}")
+        self.shapes, self.tile = shapes, tile
+        name = attention_sm90_name(shapes, tile)
+        watchdog_ms = env().sm90_watchdog_ms
+        defines = (f"SGJIT_SM90_WATCHDOG={watchdog_ms}",) if watchdog_ms > 0 else ()
+        self.kernel = compile_kernels("attention_sm90", [name], defines, SM90_OPTIONS)[name]
+        if self.kernel.num_regs != LAUNCH_REGS:
+            raise KernelError(
+                f"{name} was built with {self.kernel.num_regs} registers a thread, not {LAUNCH_REGS}: its "
+                "setmaxnreg split would deadlock; fix PRODUCER_REGS/CONSUMER_REGS in attention_sm90.cu"
+            )
+        self.smem = tile.smem_bytes(shapes.head_dim)
+        allow_smem(self.kernel, self.smem)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+        scale_log2: float,
+        work: torch.Tensor,
+        grid: tuple[int, int, int],
+        out: torch.Tensor,
+        part_o: torch.Tensor | None,
+        part_lse: torch.Tensor | None,
+    ) -> None:
+        hkv, items, splits = grid
+        table = meta.page_table
+        for base in range(0, items, MAX_GRID_Y):  # one launch unless a prefill has > 65535 m tiles
+            launch(
+                self.kernel, (hkv, min(MAX_GRID_Y, items - base), splits), Sm90Tile.THREADS,
+                (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
+                 ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(work), np.int32(base), ptr(out), ptr(part_o),
+                 ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2)),
+                self.smem,
+            )  # fmt: skip

@@ -1,0 +1,146 @@
+"""The Hopper prefill kernel (attention_sm90.cu) against the reference op, on compute capability 9.0
+only (skipped elsewhere): fresh prompts of 1 to 4097 tokens (tile edges and past them), prompts over
+cached prefixes with partial pages, several rows of different lengths in one step, decode rows
+mixed in, few long rows (split keys), bf16 and fp16, GQA groups 1/3/4/7/8, head_dim 64 and 128,
+pages of 16/32/64 slots, every registered tile. Errors are ‖out − ref‖ / ‖ref‖ against the
+reference on float32 inputs, at test_kernels_gpu's attention tolerances; pages no row owns hold
+NaN and padding slots hold large values, so a read outside a row's keys shows.
+
+tests/kernels/sm90_harness.py runs these cases without pytest, each in a child process with a
+timeout, for runs that may hang."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sgjit.kernels import reference
+from sgjit.kernels.arch import device_profile
+from sgjit.kernels.registry import SM90_CC, SM90_PREFILL_TILES, Sm90Tile
+from sgjit.kernels.selector import KernelSelector
+from sgjit.kernels.spec import ModelShapes
+from sgjit.kernels.synthetic import paged_attention_case
+
+DEV = "cuda"
+NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+ATTN_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}  # as test_kernels_gpu: P rounded to the dtype
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == SM90_CC
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _on_sm90(), reason="needs compute capability 9.0")]
+
+# (dtype, Hq, Hkv, head_dim, page)
+CONFIGS = [
+    (torch.bfloat16, 32, 8, 128, 16),  # Llama-3-8B: group 4
+    (torch.float16, 8, 8, 128, 16),  # MHA: group 1
+    (torch.bfloat16, 16, 2, 128, 64),  # group 8, big pages
+    (torch.bfloat16, 9, 3, 64, 16),  # SmolLM2: group 3, head_dim 64
+    (torch.float16, 28, 4, 128, 32),  # group 7
+    (torch.float16, 16, 2, 64, 64),  # head_dim 64, group 8, fp16
+]
+# (label, q_lens, kv_lens): kv_len - q_len is each row's cached prefix
+BATCHES = [
+    ("2 tokens", [2], [2]),  # the smallest step the sm_90 kernel runs (one token is decode): one key tile
+    ("one token", [1], [1]),
+    ("7 tokens", [7], [7]),
+    ("tile edges", [31, 32, 33], [31, 32, 33]),
+    ("127/128/129", [127, 128, 129], [127, 128, 129]),
+    ("1000", [1000], [1000]),
+    ("4097", [4097], [4097]),
+    ("prefix, partial pages", [100, 37], [1100, 37 + 19]),
+    ("one-token prompts among longer", [1, 1, 40], [1, 300, 40]),
+    ("decode-shaped step (stays on attention.cu)", [1, 1], [2049, 77]),
+    ("mixed with decode rows", [1, 17, 100, 1, 64], [1, 17, 1100, 5000, 64]),
+    ("short extend, long prefix (split keys)", [16], [8000]),
+    ("ragged rows", [333, 5, 8, 250, 1, 129], [333 + 4000, 5, 8 + 31, 250, 3, 129 + 128]),
+    ("2048 over 2048 prefix", [2048], [4096]),
+]
+# The batches every registered tile runs (one long prompt, a prefix, one-token rows, decode rows).
+TILE_BATCHES = ("1000", "4097", "prefix, partial pages", "one-token prompts among longer",
+                "decode-shaped step (stays on attention.cu)")  # fmt: skip
+
+
+def shapes_for(dtype: torch.dtype, hq: int, hkv: int, d: int, page: int) -> ModelShapes:
+    name = NAMES[dtype]
+    return ModelShapes(name, name, 4096, 14336, hq, hkv, d, d, 32000, page)
+
+
+def make_op(cfg: tuple, tile: Sm90Tile | None = None):
+    """PagedAttention with the selector's tiles for this shape, the sm_90 tile forced if given."""
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    profile = device_profile(DEV)
+    shapes = shapes_for(*cfg)
+    t = KernelSelector().select(profile, shapes)["attention"].tunables
+    sm90 = tile or t["prefill_sm90"]
+    return PagedAttention(
+        profile, shapes, cfg[0], t["decode_tile"], t["prefill_tile"], 8192, prefill_sm90=sm90
+    )
+
+
+def check(op, cfg: tuple, q_lens: list[int], kv_lens: list[int], seed: int = 0) -> dict:
+    """Run one batch through the op and the reference; the errors, overall and per row."""
+    dtype, hq, hkv, d, page = cfg
+    case = paged_attention_case(q_lens, kv_lens, hq, hkv, d, page, dtype, dtype, DEV, seed=seed)
+    scale = d**-0.5
+    torch.full((case.q.numel() // 2 + 1,), float("nan"), device=DEV)  # poison the allocator's next block
+    out = op(case.q, case.kv, case.meta, scale)
+    ref = reference.attention(case.q.float(), case.kv, case.meta, scale)
+    o, r = out.double(), ref.double()
+    rows = []
+    qo = case.meta.qo_indptr_host
+    for b in range(len(kv_lens)):
+        ob, rb = o[qo[b] : qo[b + 1]], r[qo[b] : qo[b + 1]]
+        err_b = ((ob - rb).norm() / rb.norm().clamp_min(1e-30)).item()
+        rows.append({"row": b, "q_len": q_lens[b], "kv_len": kv_lens[b], "err": err_b,
+                     "nan": int(torch.isnan(ob).sum())})  # fmt: skip
+    return {
+        "err": ((o - r).norm() / r.norm().clamp_min(1e-30)).item(),
+        "max_abs": (o - r).abs().nan_to_num(float("inf")).max().item(),
+        "nan": int(torch.isnan(o).sum()),
+        "rows": rows,
+    }
+
+
+def _assert_ok(res: dict, dtype: torch.dtype) -> None:
+    bad = [r for r in res["rows"] if not r["err"] < ATTN_TOL[dtype]]
+    assert res["nan"] == 0 and res["err"] < ATTN_TOL[dtype] and not bad, json.dumps(res)[:2000]
+
+
+def cfg_id(c: tuple) -> str:
+    return f"{NAMES[c[0]]}-{c[1]}q{c[2]}kv-d{c[3]}-p{c[4]}"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=cfg_id)
+def test_sm90_prefill_matches_reference(cfg):
+    op = make_op(cfg)
+    assert op.sm90 is not None
+    for i, (_, q_lens, kv_lens) in enumerate(BATCHES):
+        res = check(op, cfg, q_lens, kv_lens, seed=i)
+        _assert_ok(res, cfg[0])
+        assert (op._plan.kernel is op.sm90) == (max(q_lens) > 1)  # prefill and mixed steps only
+
+
+@pytest.mark.parametrize("tile", SM90_PREFILL_TILES, ids=lambda t: t.name)
+def test_every_sm90_tile(tile):
+    """Each registered tile, including those the selector does not prefer."""
+    cfg = CONFIGS[0]
+    op = make_op(cfg, tile)
+    for i, (label, q_lens, kv_lens) in enumerate(BATCHES):
+        if label in TILE_BATCHES:
+            _assert_ok(check(op, cfg, q_lens, kv_lens, seed=100 + i), cfg[0])
+
+
+def test_sm90_prefill_is_deterministic():
+    """No atomics or races: the same inputs give bit-identical outputs."""
+    cfg = CONFIGS[0]
+    op = make_op(cfg)
+    case = paged_attention_case([3000, 77], [3000, 2077], 32, 8, 128, 16, torch.bfloat16, torch.bfloat16, DEV)
+    first = op(case.q, case.kv, case.meta, 128**-0.5)
+    for _ in range(3):
+        assert torch.equal(op(case.q, case.kv, case.meta, 128**-0.5), first)

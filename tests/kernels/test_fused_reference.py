@@ -1,0 +1,54 @@
+"""The decode step as the fused ops (`OpTable.fused_rows`), on the torch reference ops, is the unfused
+model bit for bit: each reference fused op is the composition of the unfused ops it replaces, and the
+model's fused layer feeds them the same values (the residual added in the projections' epilogue is
+the sum add_rmsnorm forms). Small real-width models in bf16 on the CPU, with random norm weights, a
+q|k|v bias, Qwen3's per-head q/k norms and a partial rotary dimension."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from model_steps import Side
+
+from sgjit.kernels.reference import REFERENCE_OPS
+from sgjit.runtime.model.config import RopeConfig
+from sgjit.runtime.model.llama import LlamaModel
+from sgjit.runtime.model.presets import random_weights, shape_config
+
+BASE = shape_config("smollm2-135m", 2)
+CONFIGS = {
+    "llama": BASE,
+    "qkv_bias": replace(BASE, qkv_bias=True),
+    "qk_norm": replace(BASE, qk_norm=True),
+    "partial_rotary": replace(BASE, rope=RopeConfig(theta=10000.0, dim=32)),
+}
+
+
+def _model(cfg) -> LlamaModel:
+    weights = random_weights(cfg, seed=5, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(6)
+    for name, w in weights.items():
+        if name.endswith("norm.weight"):  # ones would hide a norm weight applied wrongly
+            weights[name] = (1 + 0.3 * torch.randn(w.shape, generator=g)).to(w.dtype)
+    return LlamaModel(cfg, weights, REFERENCE_OPS, torch.device("cpu"), torch.bfloat16, max_positions=256)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fused_decode_is_the_unfused_model(name):
+    model = _model(CONFIGS[name])
+    unfused = Side(model, REFERENCE_OPS, rows=3, max_tokens=64)
+    fused = Side(model, REFERENCE_OPS.with_overrides(fused_rows=4), rows=3, max_tokens=64)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 19, 2)]
+    starts = [0, 0, 0]
+    for side in (unfused, fused):  # a 26-token prefill: unfused on both sides
+        side.step(seqs, starts)
+    for _ in range(4):  # decode steps of 3 tokens: fused on one side
+        starts = [len(s) for s in seqs]
+        for s in seqs:
+            s.append(int(torch.randint(0, model.config.vocab_size, (1,), generator=g)))
+        a, b = unfused.step(seqs, starts), fused.step(seqs, starts)
+        assert torch.equal(a, b)
+    assert torch.equal(unfused.pool.k, fused.pool.k) and torch.equal(unfused.pool.v, fused.pool.v)
