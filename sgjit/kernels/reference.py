@@ -57,8 +57,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, slot_mapping: torch.
     k_slots = kv.k.view(-1, *kv.k.shape[2:])
     v_slots = kv.v.view(-1, *kv.v.shape[2:])
     if kv.k.dtype == torch.float8_e4m3fn:
-        k = k.float() / kv.k_scale
-        v = v.float() / kv.v_scale
+        # saturate like the kernels (cvt .satfinite): torch's cast turns |x| > 448 into NaN, and a
+        # key a little past its calibrated scale would poison the row
+        fp8_max = torch.finfo(torch.float8_e4m3fn).max
+        k = (k.float() / kv.k_scale).clamp(-fp8_max, fp8_max)
+        v = (v.float() / kv.v_scale).clamp(-fp8_max, fp8_max)
     k_slots[slot_mapping] = k.to(kv.k.dtype)
     v_slots[slot_mapping] = v.to(kv.v.dtype)
 
