@@ -46,7 +46,15 @@ PROMPT = (
 
 
 def row(name: str, n_prompt: int, new_tokens: int, t1: float, tn: float, roof: float) -> dict[str, Any]:
-    decode = (new_tokens - 1) / (tn - t1)
+    if tn > t1:
+        decode = (new_tokens - 1) / (tn - t1)
+    else:  # a busy machine can make the 1-token run the slower one: no rate can be read from that
+        log.warning(
+            "%s: the %d-token runs took no longer than the 1-token runs (median %.3f s vs %.3f s), so its "
+            "decode rate is not reported; the machine is too busy for this setting (raise --new-tokens "
+            "or --repeat)", name, new_tokens, tn, t1,
+        )  # fmt: skip
+        decode = float("nan")
     return {
         "engine": name,
         "prompt_tokens": n_prompt,
@@ -67,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument(
         "--quantization", default="auto", choices=("auto", "gguf", "fp8", "none"),
-        help="sgjit's weights: gguf = computed on the packed GGUF blocks (CPU); fp8 = FP8 layer weights (GPU)",
+        help="sgjit's weights: auto = packed GGUF blocks on the CPU (C++ kernels), as the runtime's default; "
+        "none = dequantized at load; gguf = packed or an error; fp8 = FP8 layer weights (GPU)",
     )  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument(
