@@ -108,8 +108,8 @@ def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: floa
         k, v = gather_kv(kv, meta.page_table[:, :num_pages], meta.max_kv_len, q.dtype)
         key_pos = torch.arange(meta.max_kv_len, device=q.device)
         mask = (key_pos[None, :] < meta.kv_lens[:, None].to(key_pos.dtype))[:, None, None, :]
-        # padding slots may hold anything, NaN included (a CPU pool is not zeroed), and a NaN key
-        # poisons its row even where the mask hides it
+        # Padding slots may hold anything, NaN and inf included (the CPU pool is not zeroed): a NaN
+        # or inf key there makes the masked score NaN (NaN + -inf), so K is cleared as well as V.
         pad = ~mask[:, :, 0, :, None]
         k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         out = F.scaled_dot_product_attention(
