@@ -15,6 +15,7 @@ def _env(name: str, default: str) -> str:
 class EnvSettings:
     cache_dir: Path
     kernels: str  # "auto" | "reference" | "op=variant,op=variant"
+    cpu_kernels: str  # "auto" | "off" | a tier of sgjit/kernels/cpp/build.py ("avx2", "portable", ...)
     # seconds a tensor-parallel collective may wait for the other ranks before the runtime fails
     # with an error (a rank that hangs); a rank that dies is noticed at once
     tp_timeout_s: float
@@ -34,6 +35,7 @@ class EnvSettings:
         return cls(
             cache_dir=Path(_env("CACHE_DIR", str(Path.home() / ".cache" / "sgjit"))).expanduser(),
             kernels=_env("KERNELS", "auto"),
+            cpu_kernels=_env("CPU_KERNELS", "auto"),
             tp_timeout_s=float(_env("TP_TIMEOUT", "180")),
             eager_decode_graphs=_env("EAGER_DECODE_GRAPHS", "0") == "1",
             sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),

@@ -32,7 +32,8 @@ def bundled_gguf():
 
 @pytest.fixture(scope="session")
 def runtime():
-    """The bundled model on CPU in fp32, shared by the tests that only read from it."""
+    """The bundled model on CPU in fp32 as it serves by default (its 4/8-bit GGUF weights kept
+    packed, sgjit's C++ kernels), shared by the tests that only read from it."""
     import sgjit
 
     rt = sgjit.Runtime(device="cpu", max_total_tokens=8192, seed=0)
@@ -41,11 +42,12 @@ def runtime():
 
 
 @pytest.fixture(scope="session")
-def packed_runtime():
-    """The bundled model computing on its packed 4/8-bit GGUF weights (quantization="gguf")."""
+def dense_runtime():
+    """The bundled model with its weights dequantized to fp32 at load (quantization="none"): the
+    path that matches transformers on the same dequantized weights to fp32 rounding."""
     import sgjit
 
-    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, quantization="gguf")
+    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096, seed=0, quantization="none")
     yield rt
     rt.shutdown()
 

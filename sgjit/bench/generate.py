@@ -13,6 +13,8 @@ import argparse
 import logging
 from typing import Any
 
+import torch
+
 from sgjit.bench import report
 from sgjit.bench.ceilings import measure
 from sgjit.bench.peers import (
@@ -44,7 +46,15 @@ PROMPT = (
 
 
 def row(name: str, n_prompt: int, new_tokens: int, t1: float, tn: float, roof: float) -> dict[str, Any]:
-    decode = (new_tokens - 1) / (tn - t1)
+    if tn > t1:
+        decode = (new_tokens - 1) / (tn - t1)
+    else:  # a busy machine can make the 1-token run the slower one: no rate can be read from that
+        log.warning(
+            "%s: the %d-token runs took no longer than the 1-token runs (median %.3f s vs %.3f s), so its "
+            "decode rate is not reported; the machine is too busy for this setting (raise --new-tokens "
+            "or --repeat)", name, new_tokens, tn, t1,
+        )  # fmt: skip
+        decode = float("nan")
     return {
         "engine": name,
         "prompt_tokens": n_prompt,
@@ -65,9 +75,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument(
         "--quantization", default="auto", choices=("auto", "gguf", "fp8", "none"),
-        help="sgjit's weights: gguf = computed on the packed GGUF blocks (CPU); fp8 = FP8 layer weights (GPU)",
+        help="sgjit's weights: auto = packed GGUF blocks on the CPU (C++ kernels), as the runtime's default; "
+        "none = dequantized at load; gguf = packed or an error; fp8 = FP8 layer weights (GPU)",
     )  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument(
+        "--num-threads", type=int, default=None, help="CPU threads for every engine (default: torch's choice)"
+    )
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers peer")
     p.add_argument(
@@ -81,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rt = Runtime(
         model_arg(args), device=args.device, dtype=args.dtype, enable_prefix_cache=False,
-        quantization=args.quantization,
+        quantization=args.quantization, num_threads=args.num_threads,
     )  # fmt: skip
     ceilings = rt.engine.call(lambda: measure(rt.device))  # on the engine thread: one OpenMP pool
     weight_bytes = weight_bytes_read(rt.model)
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         hf = rt.engine.call(lambda: load_transformers(rt))
         runners["transformers"] = transformers_runner(rt, hf, [ids])
     if "llama.cpp" in engines:
-        runners["llama.cpp"] = llama_cpp_runner(rt, ids)
+        runners["llama.cpp"] = llama_cpp_runner(rt, ids, args.num_threads or torch.get_num_threads())
     with profiled(rt, args.profile, "generate"):
         times = interleaved(runners, args.new_tokens, args.repeat, synchronizer(rt.device))
     rt.shutdown()

@@ -97,6 +97,7 @@ def _cases() -> dict[str, tuple[Any, Any, dict[str, float]]]:
             t["prefill_tile"],
             ctx,
             stream_tile=t["stream_decode"],
+            prefill_sm90=t.get("prefill_sm90"),
         )
         kv_dtype = torch.float8_e4m3fn if kv == "fp8_e4m3" else torch.bfloat16
         case = paged_attention_case(

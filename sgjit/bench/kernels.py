@@ -25,7 +25,7 @@ from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile, arch_hash, device_profile
 from sgjit.kernels.ops import LayerKV, SamplingTensors
 from sgjit.kernels.registry import CUDA, SM90_CC, AttnTile, variant
-from sgjit.kernels.selector import AutotuneStore, KernelSelector
+from sgjit.kernels.selector import AutotuneStore, KernelSelector, stream_tile_for
 from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
 from sgjit.kernels.synthetic import paged_attention_case
 from sgjit.kernels.tune import attention_timer, median_cuda_seconds, median_graph_seconds
@@ -75,12 +75,14 @@ def _graph_seconds(fn: Callable[[], object]) -> float:
 
 
 def _attention_op(profile: DeviceProfile, shapes: ModelShapes, ctx: int, stream: bool = True):
-    """The attention op as the selector builds it for a `ctx`-token workload (stream=False: the
-    mma.sync decode kernel it replaced)."""
+    """The attention op with the selector's tiles for a `ctx`-token workload, decoding on the streaming
+    kernel's tile for these shapes (stream=False: on the mma.sync decode kernel), whichever of the two
+    the selector would pick for the pool's dtype."""
     from sgjit.kernels.cuda.attention import PagedAttention
 
-    t = KernelSelector().select(profile, shapes, Workload(64, ctx))["attention"].tunables
-    tile = t["stream_decode"] if stream else None
+    workload = Workload(64, ctx)
+    t = KernelSelector().select(profile, shapes, workload)["attention"].tunables
+    tile = stream_tile_for(profile, shapes, workload)[0] if stream else None
     return PagedAttention(profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], ctx, stream_tile=tile)
 
 

@@ -1,19 +1,25 @@
 """`python -m sgjit.bench.latency`: one batch, prefill and decode speed of sgjit with the JIT on,
 with it off, Hugging Face transformers `generate`, and plain torch with its decode step in one CUDA
 graph (`torch-graph`, on sgjit's weights: torch_graph_peer.py), on the same model, device and dtype,
-in one run, next to the rooflines measured at the start.
+in one run, next to the rooflines measured at the start. `sgjit-megakernel` is the JIT with the
+decode megakernel offered (SGJIT_UNVERIFIED_KERNELS=1 for its runtime); beside it `sgjit-jit` runs
+its decode steps layer by layer, so one run compares the two.
 
 Method, the same for every engine: prefill (= TTFT of the batch) is the wall time of a 1-token
 generation; decode rate per sequence = (N - 1) / (time of an N-token generation - that); medians of
 --repeat rounds taken in turn, engine by engine. `host_us_per_step`: the engine thread's time per
 decode step inside multi-step launches, device waits (on the CPU: the model's own compute) left
 out; `output_us_per_token`: the output thread's time per token handed out. On the CPU only
-`sgjit-bucketed` (the GPU's bucketed multi-step decode path, run eagerly) has multi-step launches."""
+`sgjit-bucketed` (the GPU's bucketed multi-step decode path, run eagerly) has multi-step launches,
+or every engine with SGJIT_EAGER_DECODE_GRAPHS=1."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,7 +41,7 @@ COLUMNS = [
 ]  # fmt: skip
 ENGINES = (
     "sgjit-jit", "sgjit", "transformers", "torch-graph", "sgjit-deterministic", "sgjit-fp8", "sgjit-jit-tp",
-    "sgjit-no-overlap", "sgjit-bucketed",
+    "sgjit-megakernel", "sgjit-no-overlap", "sgjit-bucketed",
 )  # fmt: skip
 # the JIT with one setting changed
 VARIANTS = {
@@ -83,6 +89,21 @@ def rooflines(rt, ceilings: Ceilings, bs: int, input_len: int, output_len: int) 
     return prefill, 1.0 / decode_step
 
 
+@contextmanager
+def _env(**settings: str) -> Iterator[None]:
+    """SGJIT_ settings for what is built inside (a runtime selects its kernels as it loads)."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.smoke:
@@ -94,7 +115,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     opts = dict(device=args.device, dtype=args.dtype, max_total_tokens=need, enable_prefix_cache=False)
     runtimes = {"sgjit": Runtime(model, **opts)}
     if "sgjit-jit" in args.engines:
-        runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
+        # beside the megakernel engine, the JIT's decode runs layer by layer (the comparison it is for)
+        layered = "sgjit-megakernel" in args.engines and os.environ.get("SGJIT_KERNELS", "auto") == "auto"
+        with _env(**({"SGJIT_KERNELS": "decode_megakernel=reference"} if layered else {})):
+            runtimes["sgjit-jit"] = Runtime(model, enable_jit=True, **opts)
+    if "sgjit-megakernel" in args.engines:
+        with _env(SGJIT_UNVERIFIED_KERNELS="1"):
+            runtimes["sgjit-megakernel"] = Runtime(model, enable_jit=True, **opts)
     for name, change in VARIANTS.items():
         if name in args.engines:
             runtimes[name] = Runtime(model, enable_jit=True, **opts, **change)

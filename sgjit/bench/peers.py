@@ -102,44 +102,52 @@ def sgjit_runner(rt, batch: list[list[int]]) -> Callable[[int], Any]:
     return gen
 
 
-def llama_cpp_runner(rt, ids: list[int]) -> Callable[[int], Any]:
-    """llama-cpp-python on the same GGUF file and prompt: greedy, exactly n new tokens (EOS not
-    checked: `Llama.generate` yields until told to stop), the prompt evaluated afresh each time.
-    `use_extra_bufts=False`: it crashes on these AMX-capable CPUs otherwise."""
+def llama_cpp_runner(rt, ids: list[int], threads: int) -> Callable[[int], Any]:
+    """llama-cpp-python on the same GGUF file and prompt with `threads` threads (sgjit's engine
+    thread count): greedy, exactly n new tokens (EOS not checked: `Llama.generate` yields until told
+    to stop), the prompt evaluated afresh each time. Built and run on sgjit's engine thread, as the
+    transformers peer: its ggml CPU backend is OpenMP too, and a second OpenMP pool on another
+    thread halved sgjit's 2-thread decode here (146 -> 72 tok/s). `use_extra_bufts=False`: it
+    crashes on these AMX-capable CPUs otherwise."""
     from llama_cpp import Llama
 
-    llm = Llama(
-        model_path=str(rt.model_path), n_ctx=4096, n_threads=torch.get_num_threads(), use_extra_bufts=False,
-        verbose=False,
+    llm = rt.engine.call(
+        lambda: Llama(
+            model_path=str(rt.model_path), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+            use_extra_bufts=False, verbose=False,
+        )
     )  # fmt: skip
 
     def gen(n: int) -> Any:
-        out = []
-        llm.reset()  # else generate() reuses the cached prompt prefix and skips the prefill
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            out.append(tok)
-            if len(out) == n:
-                break
-        return out
+        def run() -> list[int]:
+            out = []
+            llm.reset()  # else generate() reuses the cached prompt prefix and skips the prefill
+            for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+                out.append(tok)
+                if len(out) == n:
+                    break
+            return out
+
+        return rt.engine.call(run)
 
     return gen
 
 
 def weight_bytes_read(model, rows: int = 1) -> int:
     """Bytes of GEMM and norm weights a decode step of `rows` tokens reads, in the form the ops hold
-    them (fp32, packed 4-bit with bf16 scales, FP8 with fp32 scales, ...), plus the LM head; the
+    them (fp32, GGUF panels with fp32 scales, FP8 with fp32 scales, ...), plus the LM head; the
     embedding is a row gather. A sparse MoE layer reads its router, its shared expert and the
     experts the rows route to: E·(1 − (1 − k/E)^rows) of its E on average when routing spreads
     evenly, as it does on random weights (k at one row; all E at large batches)."""
+    from sgjit.kernels.cpp.panels import PanelWeight
     from sgjit.kernels.fp8 import Fp8Weight
-    from sgjit.kernels.quant import Int4Weight
     from sgjit.runtime.model.mlp import DenseMLP
 
     def size(w: Any) -> int:
         if w is None:
             return 0
-        if isinstance(w, Int4Weight):
-            return w.packed.numel() + 2 * w.scales_zeros.numel()
+        if isinstance(w, PanelWeight):
+            return w.nbytes
         if isinstance(w, Fp8Weight):
             return w.data.numel() + 4 * w.scale.numel()
         return w.numel() * w.element_size()

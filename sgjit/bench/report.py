@@ -26,8 +26,10 @@ def environment() -> dict[str, Any]:
 def header(benchmark: str, rt: Any) -> dict[str, Any]:
     """What every in-process benchmark's result starts with: its name, the model, device and dtype,
     and the environment it ran in."""
+    threads = rt.config.num_threads or torch.get_num_threads()  # the engine thread's pool
+    env = environment() | {"cpu_threads": threads}
     return {"benchmark": benchmark, "model": rt.model_config.name, "device": str(rt.device),
-            "dtype": str(rt.dtype).removeprefix("torch."), "environment": environment()}  # fmt: skip
+            "dtype": str(rt.dtype).removeprefix("torch."), "environment": env}  # fmt: skip
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -1,20 +1,23 @@
-"""CPU variants of ops where torch's default path leaves speed behind. fp32 GEMMs through oneDNN with
-weights packed once at load run near memory bandwidth for the small batches of decoding, where the
-default BLAS path reaches about half of it on the machines measured (docs/performance.md)."""
+"""The CPU op table. With sgjit's C++ kernels (sgjit/kernels/cpp/, built on first use): GEMMs on
+GGUF blocks kept packed, and fused RMSNorm, add+RMSNorm, SiLU·mul, RoPE+KV store and paged attention,
+all batch-invariant. Dense fp32 GEMMs go through oneDNN with weights packed once at load: for the
+small batches of decoding it runs near memory bandwidth, where torch's default BLAS path reaches
+about half of it on the machines measured (docs/performance.md)."""
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sgjit.kernels import reference
+from sgjit.kernels.cpp.build import native
+from sgjit.kernels.cpp.ops import CppOps
+from sgjit.kernels.cpp.panels import PanelWeight, to_panels
 from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.ops import OpTable
-from sgjit.kernels.quant import Int4Weight, QuantWeight, int4_available, int4_packable, linear_int4, pack_int4
-
-log = logging.getLogger(__name__)
+from sgjit.kernels.quant import QuantWeight
 
 
 def onednn_available() -> bool:
@@ -29,31 +32,48 @@ def onednn_available() -> bool:
         return False
 
 
-def prepare_weight_onednn(weight: torch.Tensor | QuantWeight | Fp8Weight) -> Any:
-    """oneDNN's packed fp32 layout; GGUF blocks torch's int4 GEMM takes stay 4-bit (`quant.py`);
-    FP8 weights stay FP8 (computed by the reference path: for checking, not for speed)."""
-    if isinstance(weight, Fp8Weight):
-        return weight
-    if isinstance(weight, QuantWeight):
-        if int4_packable(weight) and int4_available():
-            return pack_int4(weight)
-        weight = weight.dequantize()
-    return torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 1)
+def packed_gguf_available(dtype: torch.dtype) -> bool:
+    """GGUF weights can stay packed on this CPU for this compute dtype: the C++ kernels built."""
+    return dtype in (torch.float32, torch.bfloat16) and native() is not None
 
 
 def linear_onednn(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if isinstance(weight, Int4Weight):
-        return linear_int4(x, weight, bias)
     if isinstance(weight, Fp8Weight):
         return reference.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
+def prepare_weight_onednn(weight: torch.Tensor | QuantWeight | Fp8Weight) -> Any:
+    """oneDNN's packed fp32 layout; FP8 weights stay FP8 (computed by the reference path: for
+    checking, not for speed)."""
+    if isinstance(weight, Fp8Weight):
+        return weight
+    if isinstance(weight, QuantWeight):
+        weight = weight.dequantize()
+    return torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 1)
+
+
 def cpu_ops(dtype: torch.dtype) -> OpTable:
-    """The CPU op table for a compute dtype: oneDNN GEMMs for fp32 when torch has them (and int4
-    GEMMs on packed GGUF weights)."""
+    """The CPU op table for a compute dtype: the C++ kernels where they built, oneDNN GEMMs for
+    dense fp32 weights when torch has them, the torch reference ops for the rest."""
+    dense_linear: Callable = reference.linear
+    dense_prepare: Callable = reference.prepare_weight
     if dtype == torch.float32 and onednn_available():
-        return reference.REFERENCE_OPS.with_overrides(
-            linear=linear_onednn, prepare_weight=prepare_weight_onednn
+        dense_linear, dense_prepare = linear_onednn, prepare_weight_onednn
+    lib = native()
+    if lib is None:
+        return reference.REFERENCE_OPS.with_overrides(linear=dense_linear, prepare_weight=dense_prepare)
+    cpp = CppOps(lib)
+
+    def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return (
+            cpp.linear(x, weight, bias) if isinstance(weight, PanelWeight) else dense_linear(x, weight, bias)
         )
-    return reference.REFERENCE_OPS
+
+    def prepare_weight(weight: Any) -> Any:
+        return to_panels(weight) if isinstance(weight, QuantWeight) else dense_prepare(weight)
+
+    return reference.REFERENCE_OPS.with_overrides(
+        linear=linear, prepare_weight=prepare_weight, rmsnorm=cpp.rmsnorm, add_rmsnorm=cpp.add_rmsnorm,
+        silu_mul=cpp.silu_mul, rope_store_kv=cpp.rope_store_kv, attention=cpp.attention,
+    )  # fmt: skip

@@ -26,10 +26,11 @@ from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
 from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
 from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
+from sgjit.kernels.cuda.megakernel import megakernel_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
-from sgjit.kernels.registry import CUDA, HALF_DTYPES, StreamTile, variant
+from sgjit.kernels.registry import CUDA, HALF_DTYPES, MEGAKERNEL_ROW_CHOICES, StreamTile, variant
 from sgjit.kernels.selector import FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS
 from sgjit.kernels.sources import family_source
 from sgjit.kernels.spec import ModelShapes
@@ -97,6 +98,11 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
             for b in fused_buckets
             if kernel == ROPE or kv == dt
         ],
+        # every rows bucket at SmolLM2's heads (the model it is for), the other recorded heads at 1 and 8
+        "megakernel": sorted(
+            {megakernel_name(dt, b, 64, 3) for dt in dtypes for b in MEGAKERNEL_ROW_CHOICES}
+            | {megakernel_name(dt, b, d, g) for dt in dtypes for d, g in dims_groups for b in (1, 8)}
+        ),
     }
 
 

@@ -101,6 +101,42 @@ PrepareWeight = Callable[[torch.Tensor], Any]
 # (x [N,H], topk_ids int64 [N,K], topk_weights float32 [N,K], w_gate_up [E,2I,H], w_down [E,H,I]) -> [N,H]:
 # row n = sum over k of topk_weights[n,k] * down_e(silu(gate_e(x_n)) * up_e(x_n)), e = topk_ids[n,k]
 MoeExperts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class DecodeLayerWeights:
+    """One dense decoder layer's tensors as the decode megakernel streams them."""
+
+    attn_norm: torch.Tensor
+    qkv: Any  # [q_size + 2 kv_size, hidden]
+    qkv_bias: torch.Tensor | None
+    o_proj: Any
+    ffn_norm: torch.Tensor
+    gate_up: Any  # [2 intermediate, hidden]
+    down: Any
+
+
+@dataclass(slots=True)
+class DecodeWeights:
+    """A dense model's whole decode step as one op takes it: built once by the model, so the op can
+    keep the device table of its pointers for as long as the model lives."""
+
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[DecodeLayerWeights]
+    final_norm: torch.Tensor
+    lm_head: Any  # [vocab, hidden]
+    rope: torch.Tensor  # float32 [max_positions, R]: cos (first half) and sin per position
+    eps: float
+    scale: float  # the attention softmax scale
+
+
+# (weights, input_ids [N], positions [N], slot_mapping [N], kv per layer, meta) -> float32 logits [N, V]
+# of a decode step (one token a row) as the layered fused ops compute them, or None where the op does
+# not serve the step (the model then runs its layers)
+DecodeMegakernel = Callable[
+    [DecodeWeights, torch.Tensor, torch.Tensor, torch.Tensor, list[LayerKV], AttentionMetadata],
+    "torch.Tensor | None",
+]
 # (logits [B,V] float32, bitmask int32 [B, ceil(V/32)]) -> None; bit v of row b clear => logits[b, v] = -inf
 ApplyBitmask = Callable[[torch.Tensor, torch.Tensor], None]
 # (logits [B,V] float32, params, generator) -> token ids int64 [B]
@@ -127,6 +163,9 @@ class OpTable:
     # linear_residual, rmsnorm_gate_up_silu, linear_residual) and the logits as rmsnorm_linear;
     # larger ones as the unfused ops. 0 (the reference and CPU tables): never.
     fused_rows: int = 0
+    # The whole decode step in one launch where the selector offers it (small models, few rows);
+    # None (the reference and CPU tables): every step runs layer by layer.
+    decode_megakernel: DecodeMegakernel | None = None
 
     def with_overrides(self, **ops: Any) -> OpTable:
         unknown = set(ops) - {f.name for f in fields(self)}

@@ -57,8 +57,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, slot_mapping: torch.
     k_slots = kv.k.view(-1, *kv.k.shape[2:])
     v_slots = kv.v.view(-1, *kv.v.shape[2:])
     if kv.k.dtype == torch.float8_e4m3fn:
-        k = k.float() / kv.k_scale
-        v = v.float() / kv.v_scale
+        # saturate like the kernels (cvt .satfinite): torch's cast turns |x| > 448 into NaN, and a
+        # key a little past its calibrated scale would poison the row
+        fp8_max = torch.finfo(torch.float8_e4m3fn).max
+        k = (k.float() / kv.k_scale).clamp(-fp8_max, fp8_max)
+        v = (v.float() / kv.v_scale).clamp(-fp8_max, fp8_max)
     k_slots[slot_mapping] = k.to(kv.k.dtype)
     v_slots[slot_mapping] = v.to(kv.v.dtype)
 
@@ -105,8 +108,8 @@ def attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: floa
         k, v = gather_kv(kv, meta.page_table[:, :num_pages], meta.max_kv_len, q.dtype)
         key_pos = torch.arange(meta.max_kv_len, device=q.device)
         mask = (key_pos[None, :] < meta.kv_lens[:, None].to(key_pos.dtype))[:, None, None, :]
-        # padding slots may hold anything, NaN included (a CPU pool is not zeroed), and a NaN key
-        # poisons its row even where the mask hides it
+        # Padding slots may hold anything, NaN and inf included (the CPU pool is not zeroed): a NaN
+        # or inf key there makes the masked score NaN (NaN + -inf), so K is cleared as well as V.
         pad = ~mask[:, :, 0, :, None]
         k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         out = F.scaled_dot_product_attention(

@@ -163,6 +163,8 @@ PREFILL_TILES = (
 # The decode step's fused ops (one unit: the model runs a step either all fused or all unfused)
 FUSED_OPS = ("rmsnorm_linear", "rmsnorm_qkv_rope", "rmsnorm_gate_up_silu", "linear_residual")
 FUSED_ROW_CHOICES = (0, 1, 2, 4, 8, 16)
+# Rows the decode megakernel is built for (one launch per step of up to this many rows).
+MEGAKERNEL_ROW_CHOICES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +298,19 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
             doc="torch._grouped_mm: all experts' gate|up in one grouped GEMM, all downs in another (no host sync)",
         ),
         _reference("moe_experts"),
+    ),  # fmt: skip
+    "decode_megakernel": (
+        Variant(
+            "decode_megakernel",
+            CUDA,
+            "megakernel",
+            (8, 0),
+            kv_dtypes=HALF_DTYPES,
+            head_dims=frozenset({64, 128}),
+            tunables={"rows": MEGAKERNEL_ROW_CHOICES},
+            doc="the whole decode step in one persistent launch (grid barriers between the layers' GEMVs)",
+        ),
+        Variant("decode_megakernel", REFERENCE, None, dtypes=None, kv_dtypes=None, doc="layer by layer"),
     ),  # fmt: skip
     "apply_bitmask": _sampling_op("apply_bitmask", "one pass over the logits, in place"),
     "sample": _sampling_op("sample", "radix-select thresholds + Philox exponential race, one block per row"),

@@ -24,6 +24,7 @@ from sgjit.kernels.registry import (
     FUSED_OPS,
     FUSED_ROW_CHOICES,
     HALF_DTYPES,
+    MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
     SM90_CC,
     SM90_HEAD_DIMS,
@@ -103,7 +104,7 @@ def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnT
 STREAM_INFLIGHT = 96 * 1024
 
 
-def _stream_tile(
+def stream_tile_for(
     profile: DeviceProfile, shapes: ModelShapes, workload: Workload
 ) -> tuple[StreamTile | None, str]:
     """The streaming decode kernel's tile: the most kv heads a CTA can hold (a divisor of the model's,
@@ -215,6 +216,49 @@ def _fused_rows(
     return {"rows": fit[-1]}, (
         f"decode steps of <= {fit[-1]} rows as fused GEMVs ({'small' if small else 'large'} layers: "
         f"{_layer_bytes(shapes) >> 20} MB), larger ones unfused"
+    )
+
+
+# The decode megakernel (megakernel.cu): the whole step in one launch, for models whose layers stream
+# in about what a layer's launches cost (the small-layer bound of the fused GEMVs above) and steps of
+# up to MEGAKERNEL_ROWS rows (the GEMV's register tiles end there). Query heads a kv head: its
+# attention keeps G x head_dim / 32 accumulators a lane.
+MEGAKERNEL_ROWS = 8
+MEGAKERNEL_MAX_GROUP = 8
+
+
+def _megakernel_rows(
+    profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+) -> tuple[dict[str, Any], str]:
+    if workload.batch_invariant:
+        raise _Unfit("batch-invariant mode: every step runs the unfused ops")
+    if not env().unverified_kernels:
+        raise _Unfit("decode megakernel not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers it)")
+    layer = _layer_bytes(shapes)
+    if layer > SMALL_LAYER_BYTES:
+        raise _Unfit(f"layers of {layer >> 20} MB stream longer than their launches cost; layered kernels")
+    if shapes.qk_norm or shapes.experts:
+        raise _Unfit("per-head q/k norms and MoE layers run layer by layer")
+    if shapes.kv_dtype != shapes.dtype:
+        raise _Unfit(f"KV pool of {shapes.kv_dtype}: the megakernel reads a pool of the model dtype")
+    if (
+        shapes.group > MEGAKERNEL_MAX_GROUP
+        or shapes.hidden % 8
+        or shapes.intermediate % 8
+        or shapes.rope_dim % 2
+    ):
+        raise _Unfit(
+            f"group {shapes.group}, hidden {shapes.hidden}, intermediate {shapes.intermediate}: unsupported"
+        )
+    want = min(MEGAKERNEL_ROWS, max(1, workload.max_batch))
+    budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)
+    fit = [b for b in MEGAKERNEL_ROW_CHOICES if b <= want and b * shapes.hidden * 2 <= budget]
+    if not fit:
+        raise _Unfit(
+            f"one normalised row of {shapes.hidden} does not fit {budget // 1024} KB of shared memory"
+        )
+    return {"rows": fit[-1]}, (
+        f"decode steps of <= {fit[-1]} rows in one launch ({layer >> 20} MB layers), larger ones layer by layer"
     )
 
 
@@ -341,6 +385,8 @@ class KernelSelector:
             return _gemv_rows(profile, workload)
         if op in FUSED_OPS:
             return _fused_rows(profile, shapes, workload)
+        if op == "decode_megakernel":
+            return _megakernel_rows(profile, shapes, workload)
         if op == "moe_experts":
             why_not = grouped_unsupported(profile, shapes)
             if why_not:
@@ -349,11 +395,11 @@ class KernelSelector:
         if op != "attention":
             return {}, ""
         dec, pre, why = _attention_tiles(profile, shapes)
-        stream, stream_why = (
-            _stream_tile(profile, shapes, workload)
-            if env().unverified_kernels
-            else (None, "streaming decode not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers it)")
-        )
+        stream, stream_why = stream_tile_for(profile, shapes, workload)
+        if stream is not None and shapes.kv_bytes != 1:
+            # measured on the H100 (docs/performance.md, 2026-12-06): 0.62-1.34x the mma.sync decode kernel
+            # on 16-bit pools, no consistent gain; on fp8 pools 0.51-0.55x the bf16 time where it counts
+            stream, stream_why = None, "16-bit pool: decode keeps the mma.sync kernel (streaming no faster)"
         tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre, "stream_decode": stream}
         why += f"; {stream_why}"
         if workload.batch_invariant:
@@ -363,7 +409,7 @@ class KernelSelector:
                 f"batch-invariant: decode and prefill both {dec.name}, key splits of {split_len} tokens "
                 f"from position 0 ({-(-workload.max_context // split_len)} for {workload.max_context})"
             )
-        sm90, sm90_why = _sm90_prefill_tile(profile, shapes) if env().unverified_kernels else (None, "")
+        sm90, sm90_why = _sm90_prefill_tile(profile, shapes)
         if sm90 is not None:
             tunables["prefill_sm90"] = sm90
         why += sm90_why

@@ -1,17 +1,21 @@
-"""The CUDA sources of the kernel families, as the compilers see them. `common.cuh` is inlined into
-each family's text so the source string alone determines the binary: CuPy's disk cache keys on
-that string, and a header edit then recompiles every family that includes it."""
+"""The CUDA sources of the kernel families, as the compilers see them. The headers a family includes
+(`common.cuh`, `gemv.cuh`, and theirs) are inlined into its text, each once, so the source string
+alone determines the binary: CuPy's disk cache keys on that string, and a header edit then
+recompiles every family that includes it."""
 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import xxhash
 
 KERNEL_DIR = Path(__file__).resolve().parent
-FAMILIES = ("norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv")
-_INCLUDE = '#include "common.cuh"'
+FAMILIES = (
+    "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv", "megakernel",
+)  # fmt: skip
+_INCLUDE = re.compile(r'^#include "(\w+\.cuh)"\n', re.MULTILINE)
 
 # C++ spellings of the dtypes the templates take.
 CPP_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "fp8_e4m3": "__nv_fp8_e4m3"}
@@ -19,12 +23,24 @@ CPP_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "fp8_e4m3": "__nv
 
 @functools.cache
 def family_source(family: str) -> str:
-    """The compilable text of `<family>.cu` with the shared header inlined."""
+    """The compilable text of `<family>.cu` with the headers it includes inlined."""
     if family not in FAMILIES:
         raise KeyError(f"unknown kernel family {family!r}; known: {FAMILIES}")
-    text = (KERNEL_DIR / f"{family}.cu").read_text()
-    header = (KERNEL_DIR / "common.cuh").read_text().replace("#pragma once\n", "")
-    return text.replace(_INCLUDE, header, 1)
+    return _inline((KERNEL_DIR / f"{family}.cu").read_text(), set())
+
+
+def _inline(text: str, seen: set[str]) -> str:
+    """`text` with each `#include "x.cuh"` replaced by the header's text, inlined the same way; a
+    header already inlined (the `#pragma once` of the files) becomes nothing."""
+
+    def header(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return _inline((KERNEL_DIR / name).read_text().replace("#pragma once\n", ""), seen)
+
+    return _INCLUDE.sub(header, text)
 
 
 def sources_digest() -> str:

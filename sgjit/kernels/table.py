@@ -1,7 +1,8 @@
 """`build_ops`: the ops table a runtime serves with, from a `KernelSet`. Every CUDA op is built (its
 instantiations compiled) here, up front, so no step pays NVRTC; an op whose kernels fail to compile
 logs one warning naming the kernel and keeps the reference op, and an op that later fails at launch
-falls back the same way (`GuardedOp`)."""
+falls back the same way (`GuardedOp`). The decode megakernel's reference is no op at all: the model's
+layers."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import KernelSet, ModelShapes, Workload
 
 log = logging.getLogger(__name__)
+
+MEGAKERNEL = "decode_megakernel"
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -93,6 +96,27 @@ def _fused_ops(
     return ops | {"fused_rows": rows}
 
 
+def _no_megakernel(*_args: Any) -> None:
+    """The megakernel's fallback: None, so the model runs the step layer by layer."""
+    return None
+
+
+def _megakernel_op(profile: DeviceProfile, shapes: ModelShapes, ks: KernelSet) -> dict[str, Any]:
+    """The decode megakernel where the kernel set puts it on CUDA, guarded: after a failed launch
+    every step runs layer by layer."""
+    from sgjit.kernels.cuda.megakernel import DecodeMegakernel
+
+    choice = ks[MEGAKERNEL]
+    if choice.variant != CUDA:
+        return {}
+    try:
+        mega = DecodeMegakernel(profile, shapes, choice.tunables["rows"])
+    except KernelError as e:
+        log.warning("decode megakernel unavailable (%s); decode steps run layer by layer", e)
+        return {}
+    return {MEGAKERNEL: GuardedOp(MEGAKERNEL, "megakernel.cu", mega, _no_megakernel)}
+
+
 def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet) -> OpTable:
     """REFERENCE_OPS with every op the kernel set puts on a kernel replaced by its guarded kernel; the
     fused decode ops fall back to the unfused ops of this table."""
@@ -110,6 +134,7 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
             or (choice.variant == CUDA and not cupy_ok)
             or op in built
             or op in FUSED_OPS
+            or op == MEGAKERNEL
         ):
             continue
         try:
@@ -123,7 +148,8 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
                 label = f"{v.family}.cu:{name}" if v.family else f"torch {v.name}:{name}"
                 built[name] = GuardedOp(name, label, fn, getattr(reference, name))
     unfused = reference.REFERENCE_OPS.with_overrides(**built)
-    return unfused.with_overrides(**_fused_ops(profile, shapes, kernel_set, unfused))
+    mega = _megakernel_op(profile, shapes, kernel_set) if cupy_ok else {}
+    return unfused.with_overrides(**_fused_ops(profile, shapes, kernel_set, unfused), **mega)
 
 
 def cuda_op_table(

@@ -15,10 +15,9 @@ import torch
 
 from sgjit.errors import InvalidRequestError, SgjitError
 from sgjit.kernels.batch_invariant import fixed_rows
-from sgjit.kernels.cpu import cpu_ops, onednn_available
+from sgjit.kernels.cpu import cpu_ops, packed_gguf_available
 from sgjit.kernels.fp8 import Fp8Weight, scaled_mm_available
 from sgjit.kernels.ops import OpTable
-from sgjit.kernels.quant import int4_available
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.kernels.registry import REFERENCE
 from sgjit.kernels.spec import KernelSet, Workload
@@ -176,18 +175,21 @@ def _ops(
 
 
 def _keeps_quantized(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype) -> bool:
-    """GGUF weights computed on packed (CPU, fp32 activations, oneDNN + torch int4 GEMMs): only when
-    asked for. Not the default yet: its bf16 GEMMs move log-probs by up to ~0.35 nats and are not
-    batch-invariant (a request's greedy tokens can differ batched and alone); docs/performance.md."""
-    if cfg.quantization != "gguf":
+    """GGUF weights computed on packed by sgjit's C++ CPU kernels: the default on CPU (quantization
+    "auto") in float32 and bfloat16 when the kernels build; asked for with "gguf". Elsewhere, or when
+    the kernels cannot be built (no compiler), they are dequantized at load; so they are under tensor
+    parallelism (its shards split dense and FP8 weights; RuntimeConfig refuses "gguf" with tp > 1)."""
+    if cfg.quantization not in ("auto", "gguf") or cfg.tp > 1:
         return False
-    if not (device.type == "cpu" and dtype == torch.float32 and onednn_available() and int4_available()):
+    usable = device.type == "cpu" and packed_gguf_available(dtype)
+    if cfg.quantization == "gguf" and not usable:
         raise InvalidRequestError(
-            "quantization 'gguf' computes on packed weights on the CPU in float32 (with torch's int4 "
-            "kernels); on this device or dtype use quantization 'none' (weights dequantized at load)",
+            "quantization 'gguf' computes on packed weights with sgjit's C++ kernels on the CPU, in float32 "
+            "or bfloat16; they need a C++ compiler (g++) and ninja (see the log for why the build failed). "
+            "On this device, dtype or machine use quantization 'none' (weights dequantized at load)",
             "quantization",
         )
-    return True
+    return usable
 
 
 def _fp8_weights(cfg: RuntimeConfig, device: torch.device, dtype: torch.dtype, ckpt: Checkpoint) -> bool:

@@ -32,10 +32,11 @@ class RuntimeConfig:
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
-    # "gguf": a GGUF file's 4/8-bit GEMM weights stay packed and the CPU computes on them (int4 GEMMs,
-    # experimental: see assembly._keeps_quantized); "fp8": the layers' GEMM weights in FP8 e4m3 with
-    # per-channel scales (quantized at load unless the checkpoint is FP8); "auto": FP8 checkpoints
-    # stay FP8 on GPUs with FP8 tensor cores, everything else is dequantized; "none": dequantized
+    # "auto": a GGUF file's 4/8-bit GEMM weights stay packed on the CPU (sgjit's C++ kernels compute
+    # on them; dequantized where those cannot be built or on a GPU), FP8 checkpoints stay FP8 on GPUs
+    # with FP8 tensor cores, everything else is dequantized; "gguf": packed GGUF weights or an error;
+    # "fp8": the layers' GEMM weights in FP8 e4m3 with per-channel scales (quantized at load unless
+    # the checkpoint is FP8); "none": dequantized
     quantization: str = "auto"
     jit_cache_limit: int = 64
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case

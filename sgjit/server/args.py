@@ -143,11 +143,12 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--jit-cache-limit", "jit_cache_limit", {"type": int, "help": "compiled plans kept (LRU)"}),
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
      "auto (the compute dtype) or fp8_e4m3 (with the checkpoint's per-layer k/v scales when it has them)"}),
-    ("--quantization", "quantization", {"choices": ("auto", "gguf", "fp8", "none"), "help": "gguf: a GGUF "
-     "file's 4/8-bit GEMM weights stay packed and the CPU computes on them (experimental: faster, less "
-     "exact, not batch-invariant); fp8: the layers' weights in FP8 e4m3 with per-channel scales "
-     "(GPU; quantized at load unless the checkpoint is FP8); auto: FP8 checkpoints stay FP8 on GPUs "
-     "with FP8 tensor cores, the rest is dequantized; none: dequantized at load"}),
+    ("--quantization", "quantization", {"choices": ("auto", "gguf", "fp8", "none"), "help": "auto: on "
+     "the CPU a GGUF file's 4/8-bit GEMM weights stay packed and sgjit's C++ kernels compute on them "
+     "(dequantized where those cannot be built), FP8 checkpoints stay FP8 on GPUs with FP8 tensor "
+     "cores, the rest is dequantized; gguf: packed GGUF weights or an error; fp8: the layers' weights "
+     "in FP8 e4m3 with per-channel scales (GPU; quantized at load unless the checkpoint is FP8); "
+     "none: dequantized at load"}),
     ("--enable-deterministic-inference", "deterministic", {"action": "store_true", "help": "GPU, with "
      "sgjit's CUDA kernels: batch-invariant GEMMs and attention, so a request's tokens do not depend on "
      "what it is batched or chunked with (costs speed; docs/performance.md)"}),

@@ -26,6 +26,17 @@ def test_generate(tmp_path):
     assert r["ceilings"]["read_gbps"] > 0 and "decode_vs_transformers" in r["rows"][0]
 
 
+def test_generate_reads_no_decode_rate_from_noise():
+    """Decode rate = (N - 1) / (t_N - t_1); where a busy machine made the N-token run no slower than
+    the 1-token one, there is no rate to report (it was printed as a negative one)."""
+    import math
+
+    from sgjit.bench.generate import row
+
+    assert row("sgjit", 10, 5, 0.1, 0.5, 100.0)["decode_tok_s"] == pytest.approx(10.0)
+    assert math.isnan(row("llama.cpp", 10, 5, 0.5, 0.4, 100.0)["decode_tok_s"])
+
+
 def test_latency(tmp_path):
     r = run_bench(
         "latency",

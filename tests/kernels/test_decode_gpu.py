@@ -19,7 +19,7 @@ import torch
 from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
 from sgjit.kernels.registry import StreamTile
-from sgjit.kernels.selector import KernelSelector
+from sgjit.kernels.selector import KernelSelector, stream_tile_for
 from sgjit.kernels.spec import ModelShapes, Workload
 from sgjit.kernels.synthetic import AttentionCase, paged_attention_case
 
@@ -62,7 +62,7 @@ def _op(profile, cfg, tile: StreamTile | None = None):
     from sgjit.kernels.cuda.decode import StreamDecode
 
     shapes = _shapes(cfg)
-    tile = tile or KernelSelector().select(profile, shapes)["attention"].tunables["stream_decode"]
+    tile = tile or stream_tile_for(profile, shapes, Workload())[0]
     assert tile is not None, "the selector gave this shape no streaming decode tile"
     return StreamDecode(profile, shapes, tile)
 
@@ -127,9 +127,8 @@ def test_graph_replay_any_lengths(kv_dtype, profile):
     cfg = (BF16, kv_dtype, 32, 8, 128, 16)
     shapes = _shapes(cfg)
     t = KernelSelector().select(profile, shapes, Workload(16, 4096))["attention"].tunables
-    op = PagedAttention(
-        profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], 4096, stream_tile=t["stream_decode"]
-    )
+    tile = stream_tile_for(profile, shapes, Workload(16, 4096))[0]
+    op = PagedAttention(profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], 4096, stream_tile=tile)
     assert op.stream is not None
     b = 16
     case = _case(cfg, [4096] * b)

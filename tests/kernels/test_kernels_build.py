@@ -23,7 +23,7 @@ def _build(*args: str) -> subprocess.CompletedProcess:
 def test_every_family_has_instantiations():
     inst = instantiations()
     assert set(inst) == set(FAMILIES) == {
-        "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv"
+        "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv", "megakernel",
     }  # fmt: skip
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])
@@ -67,3 +67,19 @@ def test_sm90_kernels_hold_the_registers_their_setmaxnreg_split_moves():
     )
     assert watchdog.ok, watchdog.log[-3000:]
     assert [int(line.split()[0]) for line in resource_lines(watchdog.log)] == [LAUNCH_REGS]
+
+
+@needs_nvcc
+def test_megakernel_holds_smollm2_in_registers():
+    """The decode megakernel at SmolLM2's heads, every rows bucket, on sm_90: one 512-thread CTA a SM
+    (its __launch_bounds__ caps a thread at 128 registers) without spills, so its grid is the SM
+    count and the GEMVs' accumulators stay in registers."""
+    from sgjit.kernels.cuda.megakernel import megakernel_name
+    from sgjit.kernels.registry import MEGAKERNEL_ROW_CHOICES
+
+    names = [megakernel_name("bfloat16", b, 64, 3) for b in MEGAKERNEL_ROW_CHOICES]
+    res = compile_unit(find_nvcc(), "megakernel", names, "sm_90", True)
+    assert res.ok, res.log[-3000:]
+    lines = resource_lines(res.log)
+    assert len(lines) == len(names)
+    assert all(int(line.split()[0]) <= 128 and "spill 0/0 B" in line for line in lines), lines

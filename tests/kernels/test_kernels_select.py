@@ -14,7 +14,7 @@ from sgjit.errors import SgjitError
 from sgjit.kernels.arch import DeviceProfile, arch_hash, cpu_profile
 from sgjit.kernels.ops import OpTable
 from sgjit.kernels.registry import AttnTile
-from sgjit.kernels.selector import AutotuneStore, KernelSelector, decode_splits
+from sgjit.kernels.selector import AutotuneStore, KernelSelector, decode_splits, stream_tile_for
 from sgjit.kernels.spec import ModelShapes, Workload
 from sgjit.runtime.model.presets import shape_config
 
@@ -200,28 +200,39 @@ def test_autotune_times_once_and_stores_winners(tmp_path):
         ("H200", "smollm2-135m", torch.bfloat16, "h3s4"),  # 3 kv heads: all of them a CTA
     ],
 )
-def test_streaming_decode_tile_by_device(device, model, kv, tile, unverified_kernels):
+def test_streaming_decode_tile_by_device(device, model, kv, tile):
     """The decode kernel holds the most kv heads a CTA that fit (a divisor of the model's, up to 8)
     with the shallowest ring keeping ~96 KB of K/V in flight a SM, else the deepest that fits."""
-    t = KernelSelector().select(PROFILES[device], shapes(model, kv=kv))["attention"].tunables["stream_decode"]
+    t, _ = stream_tile_for(PROFILES[device], shapes(model, kv=kv), Workload())
     assert t.name == tile
     p = PROFILES[device]
     assert t.smem_bytes(128, kv.itemsize, 256) <= p.smem_per_block_optin
     assert shape_config(model).num_kv_heads % t.heads == 0
 
 
-def test_streaming_decode_not_where_it_does_not_apply(unverified_kernels):
+def test_streaming_decode_for_fp8_pools_only():
+    """The selector decodes fp8 pools on the streaming kernel (0.51-0.55x the bf16 time where the step is
+    bandwidth-bound, measured on the H100) and 16-bit pools on the mma.sync kernel (streaming measured no
+    faster there); both on every device the streaming kernel fits."""
+    for device in ("H200", "H100-SXM5-80GB", "A100-SXM4-80GB"):
+        fp8 = KernelSelector().select(PROFILES[device], shapes(kv=torch.float8_e4m3fn))["attention"]
+        assert fp8.tunables["stream_decode"] is not None and "decode streams" in fp8.reason
+        bf16 = KernelSelector().select(PROFILES[device], shapes())["attention"]
+        assert bf16.tunables["stream_decode"] is None and "mma.sync" in bf16.reason
+
+
+def test_streaming_decode_not_where_it_does_not_apply():
     """Batch-invariant mode keeps the fixed-split kernel (the flat split depends on the whole batch),
     and so do groups over 16 query heads a kv head (one m16 tile)."""
-    h200 = PROFILES["H200"]
-    det = KernelSelector().select(h200, shapes(), Workload(batch_invariant=True))["attention"]
+    h200, fp8 = PROFILES["H200"], torch.float8_e4m3fn
+    det = KernelSelector().select(h200, shapes(kv=fp8), Workload(batch_invariant=True))["attention"]
     assert det.variant == "cuda" and det.tunables["stream_decode"] is None
-    wide = ModelShapes("bfloat16", "bfloat16", 8192, 28672, 64, 2, 128, 128, 128256, 16)  # group 32
+    wide = ModelShapes("bfloat16", "fp8_e4m3", 8192, 28672, 64, 2, 128, 128, 128256, 16)  # group 32
     t = KernelSelector().select(h200, wide)["attention"]
     assert t.variant == "cuda" and t.tunables["stream_decode"] is None and "group 32" in t.reason
 
 
-def test_sm90_prefill_only_on_hopper_for_16bit_pools(unverified_kernels):
+def test_sm90_prefill_only_on_hopper_for_16bit_pools():
     """Compute capability 9.0 gets the warpgroup-MMA prefill tile (decode keeps the mma.sync tile);
     other devices, fp8 pools, head_dim 256 and the batch-invariant mode do not."""
     for device in ("H200", "H100-SXM5-80GB"):
@@ -247,9 +258,11 @@ def unverified_kernels(monkeypatch):
 
 def test_unverified_kernels_are_not_offered_by_default(monkeypatch):
     monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS", raising=False)
-    ks = KernelSelector().select(PROFILES["H200"], shapes())["attention"]
-    assert ks.tunables["stream_decode"] is None and "prefill_sm90" not in ks.tunables
-    assert "SGJIT_UNVERIFIED_KERNELS" in ks.reason
+    ks = KernelSelector().select(PROFILES["H200"], shapes())
+    assert (
+        ks["rmsnorm_qkv_rope"].variant == "reference"
+        and "SGJIT_UNVERIFIED_KERNELS" in ks["rmsnorm_qkv_rope"].reason
+    )
 
 
 def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
@@ -271,3 +284,32 @@ def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
     assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "grouped_mm"
     monkeypatch.setenv("SGJIT_KERNELS", "moe_experts=reference")
     assert KernelSelector().select(PROFILES["H200"], moe)["moe_experts"].variant == "reference"
+
+
+def test_decode_megakernel_for_small_dense_models_only(monkeypatch, unverified_kernels):
+    """The one-launch decode step: SmolLM2 (7 MB layers) up to MEGAKERNEL_ROWS rows, fewer where the
+    runtime's batch is smaller; never for 8B-sized layers, Qwen3's q/k norms, MoE layers, an fp8 pool,
+    the deterministic mode, a CPU, or without SGJIT_UNVERIFIED_KERNELS=1."""
+    from sgjit.kernels.selector import MEGAKERNEL_ROWS, SMALL_LAYER_BYTES, _layer_bytes
+
+    op = "decode_megakernel"
+    small = shapes("smollm2-135m")
+    assert _layer_bytes(small) < SMALL_LAYER_BYTES < _layer_bytes(shapes())
+    for device in ("H200", "H100-SXM5-80GB", "A100-SXM4-80GB"):
+        c = KernelSelector().select(PROFILES[device], small)[op]
+        assert c.variant == "cuda" and c.tunables["rows"] == MEGAKERNEL_ROWS, c.reason
+    assert KernelSelector().select(PROFILES["H200"], small, Workload(max_batch=3))[op].tunables["rows"] == 2
+    refused = {
+        "8b layers": (shapes(), Workload()),
+        "qk norm": (replace(small, qk_norm=True), Workload()),
+        "moe": (replace(small, experts=8, expert_intermediate=64), Workload()),
+        "fp8 pool": (shapes("smollm2-135m", kv=torch.float8_e4m3fn), Workload()),
+        "deterministic": (small, Workload(batch_invariant=True)),
+        "fp32": (shapes("smollm2-135m", dtype=torch.float32), Workload()),
+    }
+    for why, (s, w) in refused.items():
+        assert KernelSelector().select(PROFILES["H200"], s, w)[op].variant == "reference", why
+    assert KernelSelector().select(cpu_profile(), small)[op].variant == "reference"
+    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS")
+    c = KernelSelector().select(PROFILES["H200"], small)[op]
+    assert c.variant == "reference" and "SGJIT_UNVERIFIED_KERNELS" in c.reason

@@ -1,6 +1,6 @@
-"""Packed GGUF weights (sgjit/kernels/quant.py): every format's 4-bit parts rebuild the weight the
-gguf package dequantizes, exactly; the int4 GEMM on them is within bf16 rounding of the dense
-product; the loader's packed weights (Q/K rows unpermuted) dequantize to what it loads dense."""
+"""Packed GGUF weights (sgjit/kernels/quant.py): every format's integers and float32 scales rebuild
+the weight the gguf package dequantizes; the loader's packed weights (Q/K rows unpermuted)
+dequantize to what it loads dense."""
 
 from __future__ import annotations
 
@@ -8,50 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from sgjit.errors import InvalidRequestError
-from sgjit.kernels.quant import (
-    BLOCKS,
-    QuantWeight,
-    four_bit,
-    from_gguf,
-    int4_available,
-    linear_int4,
-    pack_int4,
-)
+from sgjit.kernels.quant import BLOCKS, GROUP, QuantWeight, decompose
 
-HEADER_SCALES = {"Q4_0": 1, "Q8_0": 1, "Q4_1": 2, "Q4_K": 2}  # fp16 values at the start of a block
-
-
-def random_blocks(qtype: str, out: int, k: int, seed: int = 0) -> QuantWeight:
-    """Random block bytes with small finite fp16 scales (random bytes could be inf or NaN there)."""
-    rng = np.random.default_rng(seed)
-    per, nbytes = BLOCKS[qtype]
-    raw = rng.integers(0, 256, (out, k // per, nbytes), dtype=np.uint8)
-    n = HEADER_SCALES[qtype]
-    scales = (rng.standard_normal((out, k // per, n)) * 0.01).astype(np.float16)
-    raw[..., : 2 * n] = scales.view(np.uint8).reshape(out, k // per, 2 * n)
-    return from_gguf(qtype, raw.reshape(out, -1), (out, k))
+from gguf_blocks import random_blocks
 
 
 @pytest.mark.parametrize("qtype", sorted(BLOCKS))
-def test_four_bit_parts_rebuild_the_weight(qtype):
+def test_integers_and_scales_rebuild_the_weight(qtype):
     w = random_blocks(qtype, 48, 512)
-    parts = four_bit(w)
-    assert len(parts) == (2 if qtype == "Q8_0" else 1)
-    rebuilt = sum((q.astype(np.float64) - 8) * np.repeat(s, 32, 1) + np.repeat(z, 32, 1) for q, s, z in parts)
-    assert all(q.max() <= 15 for q, _, _ in parts)
-    np.testing.assert_allclose(rebuilt, w.dequantize().double().numpy(), rtol=0, atol=1e-6)
-
-
-@pytest.mark.skipif(not int4_available(), reason="torch lacks its CPU int4 GEMM")
-@pytest.mark.parametrize("qtype", sorted(BLOCKS))
-def test_int4_gemm_matches_the_dequantized_product(qtype):
-    w = random_blocks(qtype, 192, 768, seed=1)
-    x = torch.randn(5, 768)
-    y = linear_int4(x, pack_int4(w), torch.ones(192))
-    ref = x.double() @ w.dequantize().double().T + 1
-    assert y.shape == (5, 192) and y.dtype == torch.float32
-    assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2  # bf16: ~2^-8 at worst
+    q, scale, low = decompose(w)
+    assert q.shape == (48, 512) and scale.shape == (48, 512 // GROUP) and scale.dtype == np.float32
+    if qtype == "Q8_0":
+        assert q.dtype == np.int8 and low is None
+        low = np.zeros_like(scale)
+    else:
+        assert q.dtype == np.uint8 and q.max() <= 15 and low.dtype == np.float32
+    rebuilt = q.astype(np.float64) * np.repeat(scale, GROUP, 1) + np.repeat(low, GROUP, 1)
+    np.testing.assert_allclose(rebuilt, w.dequantize().double().numpy(), rtol=1e-6, atol=1e-9)
 
 
 def test_rows_and_cat_keep_whole_blocks():
@@ -76,12 +49,3 @@ def test_loader_keeps_gemm_weights_packed_and_exact():
             assert torch.equal(w.dequantize(), dense.weights[name]), name  # q/k rows unpermuted alike
         else:
             assert w.dim() == 1  # norms stay dense
-
-
-def test_packed_weights_need_the_cpu_in_float32():
-    import sgjit
-
-    with pytest.raises(InvalidRequestError, match="quantization 'gguf'"):
-        sgjit.Runtime(device="cpu", dtype="bfloat16", quantization="gguf")
-    with pytest.raises(InvalidRequestError, match="quantization"):
-        sgjit.Runtime(device="cpu", quantization="int3")

@@ -255,3 +255,17 @@ def test_protected_program_steps_are_never_preempted(alone):
         assert_no_leaked_pages(small)
     finally:
         small.shutdown()
+
+
+def test_num_threads_sets_the_engine_pool_and_leaves_tokens_alone(runtime, alone):
+    """--num-threads reaches the engine thread's pool; the CPU kernels split work between threads by
+    output rows only, so one thread computes the same tokens as the default pool."""
+    import torch
+
+    one = sgjit.Runtime(device="cpu", max_total_tokens=1024, num_threads=1)
+    try:
+        assert one.engine.call(torch.get_num_threads) == 1
+        outs = one.generate(PROMPTS[:4], {**GREEDY, "max_new_tokens": 12})
+        assert [o["output_ids"] for o in outs] == [alone[p] for p in PROMPTS[:4]]
+    finally:
+        one.shutdown()

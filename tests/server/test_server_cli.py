@@ -110,7 +110,7 @@ def test_serve_process_start_ready_line_and_sigterm_drain():
         serve.kill()
 
 
-def test_serve_tp2_process_answers_like_one_process_and_leaves_nothing_behind(runtime):
+def test_serve_tp2_process_answers_like_one_process_and_leaves_nothing_behind(dense_runtime):
     """`sgjit serve --tp 2` on a CPU: two processes (gloo), the bundled model split over them."""
     serve = ServeProcess("--device", "cpu", "--tp", "2", "--port", "0", "--max-total-tokens", "1024")
     try:
@@ -122,7 +122,7 @@ def test_serve_tp2_process_answers_like_one_process_and_leaves_nothing_behind(ru
         body = {"text": prompts, "sampling_params": params}
         got = httpx.post(ready.group(1) + "/generate", json=body, timeout=120)
         assert got.status_code == 200, got.text
-        want = runtime.generate(prompts, params)
+        want = dense_runtime.generate(prompts, params)
         assert [g["output_ids"] for g in got.json()] == [w["output_ids"] for w in want]
         serve.proc.send_signal(signal.SIGTERM)
         assert serve.proc.wait(timeout=60) == 0
@@ -142,7 +142,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_serve_under_torchrun_serves_from_rank_0(runtime):
+def test_serve_under_torchrun_serves_from_rank_0(dense_runtime):
     """torchrun starts both ranks (RANK / WORLD_SIZE / MASTER_* set): rank 0 serves HTTP, rank 1 follows."""
     serve = ServeProcess(
         "--device", "cpu", "--tp", "2", "--port", "0", "--max-total-tokens", "1024",
@@ -157,7 +157,7 @@ def test_serve_under_torchrun_serves_from_rank_0(runtime):
         got = httpx.post(
             ready.group(1) + "/generate", json={"text": "Hello there", "sampling_params": params}
         )
-        assert got.json()["output_ids"] == runtime.generate("Hello there", params)["output_ids"]
+        assert got.json()["output_ids"] == dense_runtime.generate("Hello there", params)["output_ids"]
         serve.proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
         serve.proc.wait(timeout=60)
         assert all(wait_ended(r) for r in ranks)

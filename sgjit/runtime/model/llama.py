@@ -2,7 +2,8 @@
 Qwen2-MoE, Qwen3-MoE) in torch. Every op goes through the ops table; the weights are fused at load
 (q|k|v and gate|up) so a dense layer is four GEMMs. A layer's feed-forward is a dense MLP (mlp.py)
 or a sparse MoE block (moe.py); attention is the same in all. A decode step runs a dense layer as
-the table's fused ops (norm, RoPE, activation and residual adds inside the GEMMs) where it has them."""
+the table's fused ops (norm, RoPE, activation and residual adds inside the GEMMs) where it has them,
+or, where the table has a decode megakernel that takes the step, the whole step as that one op."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from sgjit.errors import ModelFormatError
 from sgjit.kernels.fp8 import Fp8Weight
-from sgjit.kernels.ops import LayerKV, OpTable
+from sgjit.kernels.ops import DecodeLayerWeights, DecodeWeights, LayerKV, OpTable
 from sgjit.kernels.quant import QuantWeight
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.model.config import ModelConfig
@@ -72,6 +73,36 @@ class LlamaModel:
         self.cos_sin = cos_sin_table(
             config.rope, max_positions or config.max_position_embeddings, device, rope_freq_factors
         )
+        self.decode_weights = self._decode_weights()
+
+    def _decode_weights(self) -> DecodeWeights | None:
+        """The step as a decode megakernel takes it: a dense model without per-head q/k norms on one
+        process (under tensor parallelism the partial sums need all-reduces between the GEMMs)."""
+        if self.comm.parallel or not all(
+            isinstance(layer.mlp, DenseMLP) and layer.q_norm is None for layer in self.layers
+        ):
+            return None
+        layers = [
+            DecodeLayerWeights(
+                layer.attn_norm,
+                layer.qkv,
+                layer.qkv_bias,
+                layer.o_proj,
+                layer.ffn_norm,
+                layer.mlp.gate_up,
+                layer.mlp.down,
+            )
+            for layer in self.layers
+        ]
+        return DecodeWeights(
+            self.embed,
+            layers,
+            self.final_norm,
+            self.lm_head,
+            self.cos_sin,
+            self.config.rms_norm_eps,
+            self.scale,
+        )
 
     def _layer(self, take: _WeightTaker, i: int) -> LayerWeights:
         p = f"model.layers.{i}."
@@ -94,10 +125,23 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_layers: list[LayerKV]) -> torch.Tensor:
-        """Logits (float32) `[len(batch.logits_indices), vocab]` for the selected positions. A step of
-        at most `ops.fused_rows` tokens (a decode step) runs each layer as the fused ops, the others
-        as the unfused ones; both compute the same roundings."""
+        """Logits (float32) `[len(batch.logits_indices), vocab]` for the selected positions. A decode
+        step the table's megakernel takes is one launch; otherwise a step of at most `ops.fused_rows`
+        tokens runs each layer as the fused ops, the others as the unfused ones; all three compute the
+        same roundings."""
         ops, eps = self.ops, self.config.rms_norm_eps
+        mega = ops.decode_megakernel
+        if mega is not None and self.decode_weights is not None and batch.attn.is_decode:
+            logits = mega(
+                self.decode_weights,
+                batch.input_ids,
+                batch.positions,
+                batch.slot_mapping,
+                kv_layers,
+                batch.attn,
+            )
+            if logits is not None:  # one token a row: the logits rows are the step's rows
+                return logits
         hidden = self.comm.embed(self.embed, batch.input_ids)
         cos_sin = self.cos_sin[batch.positions]  # once per step, shared by every layer
         # the fused ops add the residual inside the row-parallel GEMMs: under tensor parallelism the

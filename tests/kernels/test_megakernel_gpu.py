@@ -1,0 +1,173 @@
+"""The decode megakernel (megakernel.cu through DecodeMegakernel) on a GPU, at SmolLM2-135M's shape with
+random weights (random norm weights too): 64 decode steps of 1, 2 and 8 rows whose contexts cross page
+boundaries, teacher-forced on the layered kernels' greedy tokens, against the layered fused kernels
+and a float32 oracle; the first step's KV writes bit for bit the layered ones; CUDA-graph replay bit
+for bit the eager launches, with the barrier counter and merge counts left as the next launch needs
+them. Skipped without a GPU.
+
+The megakernel runs the fused ops' GEMV bodies, so its projections round as theirs do; its attention
+is its own (float32 on CUDA cores), so its logits differ from the layered ones by bf16 noise and its
+greedy token may differ from theirs at near-ties that this noise explains (measured as in
+test_fused_gemv_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_steps import Side
+
+from sgjit.kernels.ops import OpTable
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+STEPS = 64
+PROMPTS = (5, 16, 17, 31, 33, 64, 100, 250)  # at, just past, far past page boundaries (16-token pages)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+class Counting:
+    """The table's megakernel op, counting the steps it served (a None is a step it refused)."""
+
+    def __init__(self, op) -> None:
+        self.op, self.served = op, 0
+
+    def __call__(self, *args):
+        out = self.op(*args)
+        self.served += out is not None
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """SmolLM2-135M with random weights, its kernel table with the megakernel (attention on its
+    GPU-verified kernels), and a float32 oracle."""
+    from sgjit.kernels.arch import device_profile
+    from sgjit.kernels.reference import REFERENCE_OPS
+    from sgjit.kernels.selector import KernelSelector
+    from sgjit.kernels.spec import KernelChoice, ModelShapes, Workload
+    from sgjit.kernels.table import build_ops
+    from sgjit.runtime.model.llama import LlamaModel
+    from sgjit.runtime.model.presets import random_weights, shape_config
+
+    cfg = shape_config("smollm2-135m")
+    weights = random_weights(cfg, seed=2, device=DEV, dtype=torch.bfloat16)
+    g = torch.Generator(device=DEV).manual_seed(3)
+    for name, w in weights.items():
+        if name.endswith("norm.weight"):
+            weights[name] = (1 + 0.2 * torch.randn(w.shape, device=DEV, generator=g)).to(w.dtype)
+    exact = {k: v.float() for k, v in weights.items()}
+    profile = device_profile(DEV)
+    shapes = ModelShapes.from_config(cfg, torch.bfloat16, torch.bfloat16, 16)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+        mp.setenv("SGJIT_KERNELS", "auto")
+        ks = KernelSelector().select(profile, shapes, Workload(8, 4096))
+        assert ks["decode_megakernel"].variant == "cuda", ks["decode_megakernel"].reason
+        attn = ks["attention"]
+        verified = {k: v for k, v in attn.tunables.items() if k not in ("stream_decode", "prefill_sm90")}
+        ks = type(ks)(
+            {**ks.choices, "attention": KernelChoice(attn.variant, verified, "test")}, shapes, ks.workload
+        )
+        ops = build_ops(profile, shapes, ks)
+    assert type(ops.decode_megakernel).__name__ == "GuardedOp" and ops.fused_rows > 0
+    model = LlamaModel(cfg, weights, ops, DEV, torch.bfloat16, max_positions=4096)
+    oracle = LlamaModel(cfg, exact, REFERENCE_OPS, DEV, torch.float32, max_positions=4096)
+    return model, ops, oracle, REFERENCE_OPS
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_megakernel_decode_matches_the_layered_kernels(setup, rows):
+    model, ops, oracle, ref_ops = setup
+    mega_op = Counting(ops.decode_megakernel)
+    prompts = PROMPTS[:rows] if rows > 1 else (33,)
+    max_tokens = max(prompts) + STEPS + 1
+    mega = Side(model, ops.with_overrides(decode_megakernel=mega_op), rows, max_tokens)
+    layered = Side(model, ops.with_overrides(decode_megakernel=None), rows, max_tokens)
+    f32 = Side(oracle, ref_ops, rows, max_tokens)
+    gen = torch.Generator().manual_seed(4 + rows)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in prompts]
+    for side in (mega, layered, f32):
+        side.step(seqs, [0] * rows)  # prefill: layered on every side
+    assert mega_op.served == 0
+    err_m, err_l, differ, miss_l = [], [], 0, 0
+    tokens = [0] * rows
+    for step in range(STEPS):
+        starts = [len(s) for s in seqs]
+        for s, t in zip(seqs, tokens):
+            s.append(t)
+        lm, ll, lo = (side.step(seqs, starts) for side in (mega, layered, f32))
+        if step == 0:  # layer 0's new keys and values: same inputs, same GEMV, same rounding
+            slots = [p[n // 16] * 16 + n % 16 for p, n in zip(mega.pages, starts)]
+            k0m, k0l = mega.pool.layers[0].k.view(-1, 3, 64), layered.pool.layers[0].k.view(-1, 3, 64)
+            v0m, v0l = mega.pool.layers[0].v.view(-1, 3, 64), layered.pool.layers[0].v.view(-1, 3, 64)
+            assert torch.equal(k0m[slots], k0l[slots]) and torch.equal(v0m[slots], v0l[slots])
+        err_m.append(rel_err(lm, lo))
+        err_l.append(rel_err(ll, lo))
+        noise = (ll - lo).pow(2).mean(-1).sqrt()
+        tm, tl = lm.argmax(-1), ll.argmax(-1)
+        miss_l += int((tl != lo.argmax(-1)).sum())
+        for b in range(rows):
+            if tm[b] != tl[b]:
+                differ += 1
+                margin = abs((lo[b, tm[b]] - lo[b, tl[b]]).item())
+                assert margin < 6 * noise[b].item(), f"step {step} row {b}: margin {margin:.3f}"
+        tokens = tl.tolist()
+    assert mega_op.served == STEPS and not ops.decode_megakernel.failed
+    mean_m, mean_l = sum(err_m) / STEPS, sum(err_l) / STEPS
+    print(
+        f"\nrows {rows}: logits rel err vs fp32 — megakernel {mean_m:.2e} (max {max(err_m):.2e}), layered "
+        f"{mean_l:.2e} (max {max(err_l):.2e}); greedy tokens differing {differ}/{STEPS * rows} (layered vs "
+        f"oracle {miss_l})"
+    )
+    assert mean_m <= 1.5 * mean_l + 1e-3
+    assert differ <= 2 * miss_l + 3 * (2 * miss_l) ** 0.5 + 2
+
+
+def test_megakernel_graph_replay_is_the_eager_launch(setup):
+    """Decode steps captured in CUDA graphs (DecodeGraphs) give the eager launches' logits bit for bit,
+    step after step, so the barrier and merge state carry over replays as they do over launches."""
+    from sgjit.runtime.cuda_graph import DecodeGraphs
+
+    model, ops, _, _ = setup
+    rows, prompts = 2, (30, 47)
+    max_tokens = max(prompts) + 17
+    eager = Side(model, ops, rows, max_tokens)
+    graphed = Side(model, ops, rows, max_tokens)
+    gen = torch.Generator().manual_seed(9)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in prompts]
+    for side in (eager, graphed):
+        side.step(seqs, [0, 0])
+    model.ops = ops
+    graphs = DecodeGraphs(model, graphed.pool, max_bs=rows, max_context=512)
+    tokens = [1, 2]
+    for _ in range(16):
+        starts = [len(s) for s in seqs]
+        for s, t in zip(seqs, tokens):
+            s.append(t)
+        want = eager.step(seqs, starts)
+        slots = [p[n // 16] * 16 + n % 16 for p, n in zip(graphed.pages, starts)]
+        model.ops = ops
+        got = graphs.run(tokens, starts, slots, graphed.pages).clone()
+        assert torch.equal(got, want)
+        tokens = want.argmax(-1).tolist()
+    assert graphs.num_graphs == 1 and not ops.decode_megakernel.failed
+    for inst in ops.decode_megakernel.fn._instances.values():
+        assert inst.barrier.item() % inst.grid == 0 and int(inst.merge_count.abs().sum()) == 0
+
+
+def test_megakernel_refuses_what_it_does_not_serve(setup):
+    """A prefill, or more rows than it was built for: None, and the model runs its layers."""
+    model, ops, _, _ = setup
+    assert isinstance(ops, OpTable)
+    rows = ops.decode_megakernel.fn.rows + 1
+    side = Side(model, ops.with_overrides(decode_megakernel=Counting(ops.decode_megakernel)), rows, 64)
+    gen = torch.Generator().manual_seed(11)
+    seqs = [torch.randint(0, model.config.vocab_size, (5,), generator=gen).tolist() for _ in range(rows)]
+    side.step(seqs, [0] * rows)
+    for s in seqs:
+        s.append(3)
+    side.step(seqs, [5] * rows)
+    assert side.ops.decode_megakernel.served == 0 and not ops.decode_megakernel.failed
