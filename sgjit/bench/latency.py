@@ -7,7 +7,11 @@ its decode steps layer by layer, so one run compares the two.
 
 Method, the same for every engine: prefill (= TTFT of the batch) is the wall time of a 1-token
 generation; decode rate per sequence = (N - 1) / (time of an N-token generation - that); medians of
---repeat rounds taken in turn, engine by engine."""
+--repeat rounds taken in turn, engine by engine. `host_us_per_step`: the engine thread's time per
+decode step inside multi-step launches, device waits (on the CPU: the model's own compute) left
+out; `output_us_per_token`: the output thread's time per token handed out. On the CPU only
+`sgjit-bucketed` (the GPU's bucketed multi-step decode path, run eagerly) has multi-step launches,
+or every engine with SGJIT_EAGER_DECODE_GRAPHS=1."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from sgjit.bench import report
 from sgjit.bench.ceilings import Ceilings, measure
 from sgjit.bench.peers import load_transformers, sgjit_runner, transformers_runner, weight_bytes_read
 from sgjit.bench.report import add_model_args, add_output_args, finish, model_arg, profiled
-from sgjit.bench.timing import host_us_per_step, interleaved, synchronizer
+from sgjit.bench.timing import host_us_per_step, interleaved, output_us_per_token, synchronizer
 from sgjit.bench.torch_graph_peer import torch_graph_runner
 from sgjit.bench.workload import synthetic_requests
 
@@ -33,18 +37,19 @@ log = logging.getLogger(__name__)
 COLUMNS = [
     "engine", "batch", "prefill_ms", "prefill_roofline_ms", "prefill_tok_s", "decode_tok_s_per_seq",
     "decode_tok_s_total", "decode_roofline_tok_s_per_seq", "decode_pct_of_roofline", "host_us_per_step",
-    "decode_vs_transformers", "prefill_vs_transformers", "decode_vs_torch_graph",
+    "output_us_per_token", "decode_vs_transformers", "prefill_vs_transformers", "decode_vs_torch_graph",
 ]  # fmt: skip
 ENGINES = (
-    "sgjit-jit",
-    "sgjit",
-    "transformers",
-    "torch-graph",
-    "sgjit-deterministic",
-    "sgjit-fp8",
-    "sgjit-jit-tp",
-    "sgjit-megakernel",
-)
+    "sgjit-jit", "sgjit", "transformers", "torch-graph", "sgjit-deterministic", "sgjit-fp8", "sgjit-jit-tp",
+    "sgjit-megakernel", "sgjit-no-overlap", "sgjit-bucketed",
+)  # fmt: skip
+# the JIT with one setting changed
+VARIANTS = {
+    "sgjit-deterministic": {"deterministic": True},  # batch-invariant GEMMs and attention
+    "sgjit-fp8": {"quantization": "fp8"},  # the layers' weights in FP8 (quantized at load)
+    "sgjit-no-overlap": {"overlap_schedule": False},  # each step read back before the next is launched
+    "sgjit-bucketed": {"bucketed_decode": True},  # the GPU's decode path; on the CPU, run eagerly
+}
 DEFAULT_ENGINES = ("sgjit-jit", "sgjit", "transformers")
 
 
@@ -117,10 +122,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "sgjit-megakernel" in args.engines:
         with _env(SGJIT_UNVERIFIED_KERNELS="1"):
             runtimes["sgjit-megakernel"] = Runtime(model, enable_jit=True, **opts)
-    if "sgjit-deterministic" in args.engines:  # the JIT with batch-invariant GEMMs and attention
-        runtimes["sgjit-deterministic"] = Runtime(model, enable_jit=True, deterministic=True, **opts)
-    if "sgjit-fp8" in args.engines:  # the JIT with the layers' weights in FP8 (quantized at load)
-        runtimes["sgjit-fp8"] = Runtime(model, enable_jit=True, quantization="fp8", **opts)
+    for name, change in VARIANTS.items():
+        if name in args.engines:
+            runtimes[name] = Runtime(model, enable_jit=True, **opts, **change)
     if "sgjit-jit-tp" in args.engines:  # the JIT over --tp ranks (its roofline: one GPU's share)
         runtimes["sgjit-jit-tp"] = Runtime(model, enable_jit=True, tp=args.tp, **opts)
     base = runtimes["sgjit"]
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with profiled(base, args.profile, f"latency-b{bs}"):
                 times = interleaved(runners, args.output_len, args.repeat, sync)
             host_us = {name: host_us_per_step(rt, before[name]) for name, rt in runtimes.items()}
+            output_us = {name: output_us_per_token(rt, before[name]) for name, rt in runtimes.items()}
             for name, (t1, tn) in times.items():
                 prefill_roof, decode_roof = rooflines(
                     runtimes.get(name, base), ceilings, bs, args.input_len, args.output_len
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "prefill_roofline_ms": prefill_roof * 1000,
                     "decode_tok_s_per_seq": per_seq, "decode_tok_s_total": per_seq * bs,
                     "decode_roofline_tok_s_per_seq": decode_roof, "decode_pct_of_roofline": 100 * per_seq / decode_roof,
-                    "host_us_per_step": host_us.get(name),
+                    "host_us_per_step": host_us.get(name), "output_us_per_token": output_us.get(name),
                 })  # fmt: skip
             peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "transformers"), None)
             graph_peer = next((r for r in rows if r["batch"] == bs and r["engine"] == "torch-graph"), None)

@@ -1,6 +1,7 @@
 """`--plot DIR`: PNG charts of a benchmark result (matplotlib, an optional dependency: `pip install
 sgjit[plot]`): decode speed vs roofline per engine (latency), latency percentiles (serving), kernel
-time vs roofline (kernels), programs/s per configuration (program), throughput vs concurrency."""
+time vs roofline (kernels), programs/s per configuration (program), throughput vs concurrency, and
+for a serving sweep throughput / TTFT / TPOT against the request rate."""
 
 from __future__ import annotations
 
@@ -24,6 +25,24 @@ def _bars(
     ax.set_ylabel(ylabel)
 
 
+def _serving_curves(plt, rows: list[dict[str, Any]]):
+    """A request-rate sweep: output tok/s, TTFT and TPOT (p50 and p99) against the offered rate."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    labels = ["inf" if r["request_rate"] == float("inf") else f"{r['request_rate']:g}" for r in rows]
+    xs = list(range(len(rows)))
+    panels = [("output tok/s", ["output_tok_s"]), ("TTFT ms", ["ttft_p50_ms", "ttft_p99_ms"]),
+              ("TPOT ms", ["tpot_p50_ms", "tpot_p99_ms"])]  # fmt: skip
+    for ax, (title, keys) in zip(axes, panels):
+        for key in keys:
+            ax.plot(xs, [r.get(key) for r in rows], marker="o", label=key)
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"serving sweep, {rows[0].get('workload', '')} workload")
+    return fig
+
+
 def plot_result(result: dict[str, Any], out_dir: str | Path) -> Path | None:
     try:
         import matplotlib
@@ -42,6 +61,9 @@ def plot_result(result: dict[str, Any], out_dir: str | Path) -> Path | None:
         _bars(ax, labels, [r[per_seq] for r in rows], f"decode speed vs roofline ({result.get('model')})",
               "tok/s per sequence", [r[roof] for r in rows])  # fmt: skip
         ax.set_yscale("log")
+    elif name == "serving" and len(rows) > 1:
+        plt.close(fig)
+        fig = _serving_curves(plt, rows)
     elif name == "serving":
         r = rows[0]
         keys = [k for k in r if k.endswith("_ms") and k.split("_")[0] in ("ttft", "tpot", "itl", "e2e")]

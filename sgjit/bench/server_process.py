@@ -14,8 +14,13 @@ def start_server(
 ) -> tuple[subprocess.Popen, str]:
     """Start `sgjit serve` on a free port and wait for its ready line; returns the process and its URL.
     `extra`: more `serve` flags."""
-    cmd = [sys.executable, "-m", "sgjit.cli", "serve", "--port", "0", "--device", device,
-           "--max-total-tokens", str(max_total_tokens), *extra] + (["--model", model] if model else [])  # fmt: skip
+    flags = ["--device", device, "--max-total-tokens", str(max_total_tokens), *extra]
+    return launch_server(flags + (["--model", model] if model else []))
+
+
+def launch_server(flags: Sequence[str]) -> tuple[subprocess.Popen, str]:
+    """`sgjit serve --port 0 FLAGS`, once it is ready: the process and its URL."""
+    cmd = [sys.executable, "-m", "sgjit.cli", "serve", "--port", "0", *flags]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:

@@ -57,3 +57,12 @@ def host_us_per_step(rt, before: dict[str, Any]) -> float | None:
     if not launches:
         return None
     return (after["multi_step_host_us"] - before["multi_step_host_us"]) / (launches * rt.config.multi_step)
+
+
+def output_us_per_token(rt, before: dict[str, Any]) -> float | None:
+    """Output-thread time per token handed out since `before` (None: no tokens)."""
+    after = rt.stats()
+    tokens = after["generation_tokens_total"] - before["generation_tokens_total"]
+    if not tokens:
+        return None
+    return (after["output_us"] - before["output_us"]) / tokens

@@ -25,6 +25,7 @@ from sgjit.runtime.config import RuntimeConfig
 from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.device import kv_budget_tokens, rank_device, resolve_dtype
 from sgjit.runtime.engine import EngineParts
+from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.grammar import GrammarCompiler
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.loader import Checkpoint, load_checkpoint
@@ -41,7 +42,6 @@ from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.sampler import Sampler
 from sgjit.runtime.scheduler import Scheduler, SchedulerConfig
 from sgjit.runtime.tokenizer import Tokenizer
-from sgjit.settings import env
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class ModelParts:
     ops: OpTable
     kernel_set: KernelSet | None
     model: LlamaModel | DeepseekV4Model
+    futures: TokenFutures  # the tokens of the launch in flight, on the device (futures.py)
     graphs: DecodeGraphs | None
     eos_token_ids: tuple[int, ...]
 
@@ -255,19 +256,19 @@ def build_model(cfg: RuntimeConfig, tp: TPGroup) -> ModelParts:
             comm=ModelComm(tp, plan.vocab.start, mc.vocab_size),
         )  # fmt: skip
     eos = mc.eos_token_ids or tokenizer.eos_token_ids
+    futures = TokenFutures(cfg.multi_step, max(cfg.max_running_requests, cfg.cuda_graph_max_bs), device)
     graphs = None
-    eager_graphs = device.type == "cpu" and env().eager_decode_graphs
-    wants_graphs = (device.type == "cuda" and (cfg.enable_jit or cfg.use_cuda_graph)) or eager_graphs
-    if wants_graphs and isinstance(model, LlamaModel):
+    if cfg.use_bucketed_decode(device.type) and isinstance(model, LlamaModel):
         # the static-shape decode path (batch buckets, multi-step); captured unless CUDA graphs are off
         graphs = DecodeGraphs(
-            model, pool, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step, eos_token_ids=eos,
-            capture=cfg.use_cuda_graph and not eager_graphs and _graph_capturable(mc, kernel_set),
+            model, pool, futures, cfg.cuda_graph_max_bs, max_model_len, steps=cfg.multi_step,
+            eos_token_ids=eos,
+            capture=device.type == "cuda" and cfg.use_cuda_graph and _graph_capturable(mc, kernel_set),
         )  # fmt: skip
     return ModelParts(
         device=device, dtype=dtype, model_config=mc, model_path=ckpt.path, tokenizer=tokenizer, pool=pool,
-        max_model_len=max_model_len, ops=ops, kernel_set=kernel_set, model=model, graphs=graphs,
-        eos_token_ids=eos,
+        max_model_len=max_model_len, ops=ops, kernel_set=kernel_set, model=model, futures=futures,
+        graphs=graphs, eos_token_ids=eos,
     )  # fmt: skip
 
 
@@ -275,17 +276,20 @@ def assemble(cfg: RuntimeConfig, tp: TPGroup | None = None) -> Assembly:
     """Rank 0's runtime (the only one without tensor parallelism); `tp` is its group where it has one."""
     tp = tp or TPGroup()
     m = build_model(cfg, tp)
+    scheduling = SchedulerConfig(
+        cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy, cfg.mixed_step_tokens,
+        m.max_model_len,
+    )  # fmt: skip
     parts = EngineParts(
-        runner=ModelRunner(m.model, m.pool, m.graphs, StepChannel(tp) if tp.size > 1 else None),
+        runner=ModelRunner(m.model, m.pool, m.futures, m.graphs, StepChannel(tp) if tp.size > 1 else None),
         scheduler=Scheduler(
-            m.pool,
-            RadixCache(m.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache),
-            SchedulerConfig(cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy),
+            m.pool, RadixCache(m.pool.allocator, cfg.page_size, enabled=cfg.enable_prefix_cache), scheduling
         ),
         sampler=Sampler(m.ops, m.device, m.model_config.vocab_size, cfg.seed),
         tokenizer=m.tokenizer,
         eos_token_ids=m.eos_token_ids,
         max_model_len=m.max_model_len,
+        overlap=cfg.use_overlap(m.device.type),
     )
     return Assembly(
         device=m.device, dtype=m.dtype, model_config=m.model_config, model_path=m.model_path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from sgjit.errors import InvalidRequestError
+from sgjit.settings import env
 
 
 @dataclass(slots=True)
@@ -23,7 +24,11 @@ class RuntimeConfig:
     max_model_len: int | None = None  # None = the model's context, capped by the pool
     max_running_requests: int = 256
     max_waiting_requests: int = 4096
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: int = 2048  # prompt tokens a step computes, at most
+    # a step with decode rows: decode rows + prompt tokens within this (None: no limit beyond the
+    # above); 1024 keeps such a step near a decode step's time plus ~30 ms on an H200 at the 8B
+    # shape (docs/performance.md, "Chunked prefill under a token budget")
+    mixed_step_tokens: int | None = 1024
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"
@@ -37,6 +42,14 @@ class RuntimeConfig:
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
     multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
+    # launch step N+1 while step N runs on the device, reading step N's tokens there; None = on a GPU
+    # with tp = 1 (the other tensor-parallel ranks need every step's tokens from rank 0's host)
+    overlap_schedule: bool | None = None
+    # the bucketed decode path (static buffers, batch and context buckets, multi-step launches that
+    # pick tokens on the device): None = on a GPU with the JIT or CUDA graphs, on a CPU when
+    # SGJIT_EAGER_DECODE_GRAPHS=1; True on the CPU runs it eagerly, for tests and for measuring the
+    # engine's host time per step there
+    bucketed_decode: bool | None = None
     deterministic: bool = False  # GPU + CUDA kernels: a request's tokens independent of its batch
     seed: int | None = None
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default (tp > 1: cores / ranks)
@@ -53,6 +66,11 @@ class RuntimeConfig:
         need(0.0 < self.mem_fraction_static < 1.0, "mem_fraction_static", "must be in (0, 1)")
         need(self.max_running_requests >= 1, "max_running_requests", "must be >= 1")
         need(self.chunked_prefill_size >= self.page_size, "chunked_prefill_size", "must be >= page_size")
+        need(
+            self.mixed_step_tokens is None or self.mixed_step_tokens >= 4 * self.page_size,
+            "mixed_step_tokens",
+            "must be None or >= 4 x page_size",
+        )
         need(self.schedule_policy in ("fcfs", "lpm"), "schedule_policy", "must be 'fcfs' or 'lpm'")
         need(self.kv_cache_dtype in ("auto", "fp8_e4m3"), "kv_cache_dtype", "must be 'auto' or 'fp8_e4m3'")
         need(
@@ -67,6 +85,12 @@ class RuntimeConfig:
             self.tp == 1 or self.quantization != "gguf",
             "quantization",
             "(computing on packed GGUF blocks) runs on one CPU process; with tp > 1 use quantization 'auto'",
+        )
+        need(
+            self.tp == 1 or not self.overlap_schedule,
+            "overlap_schedule",
+            "cannot hold with tp > 1: the other ranks take each step's input tokens from rank 0's host, "
+            "which has not read them back yet when the next step is launched; leave it unset",
         )
         need(
             self.tp == 1 or not self.deterministic,
@@ -95,6 +119,18 @@ class RuntimeConfig:
     @property
     def use_cuda_graph(self) -> bool:
         return self.enable_jit if self.cuda_graph is None else self.cuda_graph
+
+    def use_bucketed_decode(self, device_type: str) -> bool:
+        if self.bucketed_decode is not None:
+            return self.bucketed_decode
+        if device_type == "cpu":
+            return env().eager_decode_graphs
+        return device_type == "cuda" and (self.enable_jit or self.use_cuda_graph)
+
+    def use_overlap(self, device_type: str) -> bool:
+        if self.overlap_schedule is None:
+            return device_type == "cuda" and self.tp == 1
+        return self.overlap_schedule
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> RuntimeConfig:

@@ -5,7 +5,12 @@ decides small-model and small-batch decode speed on a GPU.
 Inputs live in static buffers; a step copies its rows in (padding up to the bucket with rows that
 read and write only the scratch page), replays, and reads the logits out of a static buffer. The
 context bucket is the static upper bound the attention op sizes its grid by; actual lengths are read
-on the device from `kv_lens`, so one graph serves every context up to its bucket."""
+on the device from `kv_lens`, so one graph serves every context up to its bucket.
+
+Nothing here waits for the device: input ids that are still placeholders (tokens of the launch in
+flight) are resolved inside the graph, multi-step tokens stay in the `TokenFutures` cells for the
+caller to read back, and the pinned host twins of the inputs alternate between two sets, so a
+launch can be loaded while the one before still reads its inputs."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 from sgjit.kernels import reference
 from sgjit.kernels.ops import AttentionMetadata, SamplingTensors
 from sgjit.runtime.forward_batch import ForwardBatch
+from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.kv_pool import SCRATCH_PAGE, PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.sampler import RowSampling
@@ -34,9 +40,18 @@ def batch_buckets(max_bs: int) -> list[int]:
 
 
 @dataclass(slots=True)
+class _HostTwins:
+    """Pinned host copies of the static inputs, so a step's inputs go over in a few copies."""
+
+    scalars: torch.Tensor
+    fscalars: torch.Tensor
+    table: torch.Tensor
+    stop: torch.Tensor
+
+
+@dataclass(slots=True)
 class _Buffers:
-    """Static inputs for one context bucket, sized for the largest batch bucket, with pinned host
-    twins so a step's inputs go over in a few copies."""
+    """Static inputs for one context bucket, sized for the largest batch bucket."""
 
     scalars: torch.Tensor  # int64 [8, max_bs]: token, position, slot, kv length, budget, top_k, seed, step
     fscalars: torch.Tensor  # float32 [3, max_bs]: temperature, top_p, min_p (multi-step sampling)
@@ -46,10 +61,9 @@ class _Buffers:
     page_table: torch.Tensor
     rows: torch.Tensor  # arange, the logits indices
     stop_on_eos: torch.Tensor  # multi-step: bool, the row ends at EOS (not ignore_eos)
-    host_scalars: torch.Tensor
-    host_fscalars: torch.Tensor
-    host_table: torch.Tensor
-    host_stop: torch.Tensor
+    # Two sets used in turn: a launch's copies may still be queued behind the launch before it when
+    # the next one is loaded; the set after next is free once the launch before it was read back.
+    host: tuple[_HostTwins, _HostTwins]
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -85,6 +99,7 @@ class DecodeGraphs:
         self,
         model: LlamaModel,
         pool: PagedKVPool,
+        futures: TokenFutures,
         max_bs: int,
         max_context: int,
         steps: int = 1,
@@ -92,10 +107,12 @@ class DecodeGraphs:
         capture: bool = True,
     ) -> None:
         """`capture=False` runs the very same padded, bucketed steps without graphs: the eager
-        reference that graph replay must match bit for bit."""
+        reference that graph replay must match bit for bit (and, on the CPU, the bucketed path the
+        engine's host time is measured on). `futures` holds at least `steps` x `max_bs` tokens."""
         self.model = model
         self.capture = capture
         self.pool = pool
+        self.futures = futures
         self.device = model.device
         self.buckets = batch_buckets(max_bs)
         self.max_bs = self.buckets[-1]
@@ -108,13 +125,14 @@ class DecodeGraphs:
         # device memory; the reference op reads host lists, which a replay cannot change.
         self.samples_on_device = not capture or model.ops.sample is not reference.sample
         self._host_sampling: RowSampling | None = None
-        self.out_tokens = torch.zeros(steps, self.max_bs, dtype=torch.int64, device=self.device)
+        self.out_tokens = futures.tokens[:steps, : self.max_bs]
+        self._parity = 0  # which host twins the next load fills
         self.eos = torch.tensor(eos_token_ids or (-1,), dtype=torch.int64, device=self.device)
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
         self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self._buffers: dict[int, _Buffers] = {}
         self.capture_seconds = 0.0
-        self.last_wait_seconds = 0.0  # how long the last multi-step launch waited (device, capture)
+        self.compute_seconds = 0.0  # eager steps on the CPU: the model's compute (see ModelRunner)
 
     # ----- shapes -----
     def batch_bucket(self, n: int) -> int:
@@ -139,6 +157,15 @@ class DecodeGraphs:
             n, dev = self.max_bs, self.device
             pages = self.pool.pages_for(ctx)
             pinned = dict(pin_memory=dev.type == "cuda")
+
+            def twins() -> _HostTwins:
+                return _HostTwins(
+                    scalars=torch.zeros(8, n, dtype=torch.int64, **pinned),
+                    fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
+                    table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
+                    stop=torch.ones(n, dtype=torch.bool, **pinned),
+                )
+
             self._buffers[ctx] = _Buffers(
                 scalars=torch.zeros(8, n, dtype=torch.int64, device=dev),
                 fscalars=torch.zeros(3, n, dtype=torch.float32, device=dev),
@@ -148,10 +175,7 @@ class DecodeGraphs:
                 page_table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, device=dev),
                 rows=torch.arange(n, dtype=torch.int64, device=dev),
                 stop_on_eos=torch.ones(n, dtype=torch.bool, device=dev),
-                host_scalars=torch.zeros(8, n, dtype=torch.int64, **pinned),
-                host_fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
-                host_table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
-                host_stop=torch.ones(n, dtype=torch.bool, **pinned),
+                host=(twins(), twins()),
             )
             self._park(self._buffers[ctx])
         return self._buffers[ctx]
@@ -168,11 +192,13 @@ class DecodeGraphs:
     def _decode_steps(
         self, batch: ForwardBatch, bs: int, ctx: int, steps: int, sampled: bool = False
     ) -> None:
-        """What a graph holds: one step writing logits, or `steps` steps that pick each token on the
-        device (the ops' sampler: argmax, or sampling when `sampled`), feed it back, advance positions, KV slots
-        and sampling steps, and send rows that are done (EOS, out of budget) to the scratch page so
-        they never write past the pages reserved for them."""
+        """What a graph holds: the input ids' placeholders resolved, then one step writing logits, or
+        `steps` steps that pick each token on the device (the ops' sampler: argmax, or sampling when
+        `sampled`), feed it back, advance positions, KV slots and sampling steps, and send rows that
+        are done (EOS, out of budget) to the scratch page so they never write past the pages
+        reserved for them."""
         layers = self.pool.layers
+        batch.input_ids.copy_(self.futures.resolve(batch.input_ids))
         if steps == 1:
             self.logits[:bs].copy_(self.model.forward(batch, layers))
             return
@@ -205,9 +231,12 @@ class DecodeGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside capture: lazy inits, kernel compiles, workspaces
+            # the tokens of a launch in flight, which the launch being captured reads as its inputs
+            kept = self.futures.tokens.clone()
             for _ in range(2):
                 self._park(b)  # NOTE: the buffers may hold live rows' slots; warm-up writes to scratch only
                 self._decode_steps(batch, bs, ctx, steps, sampled)
+            self.futures.tokens.copy_(kept)
         torch.cuda.current_stream().wait_stream(side)
         self._park(b)
         graph = torch.cuda.CUDAGraph()
@@ -234,8 +263,11 @@ class DecodeGraphs:
     def _execute(self, bs: int, ctx: int, steps: int, sampled: bool = False) -> None:
         if self.capture:
             self.graph(bs, ctx, steps, sampled).replay()
-        else:
-            self._decode_steps(self._batch(bs, ctx), bs, ctx, steps, sampled)
+            return
+        t = time.perf_counter()
+        self._decode_steps(self._batch(bs, ctx), bs, ctx, steps, sampled)
+        if self.device.type == "cpu":
+            self.compute_seconds += time.perf_counter() - t
 
     def warm(self, max_bs: int | None = None, contexts: list[int] | None = None) -> None:
         """Capture ahead of time (largest first, so smaller graphs reuse the pool's memory)."""
@@ -256,11 +288,14 @@ class DecodeGraphs:
         sampling: RowSampling | None = None,
     ) -> None:  # fmt: skip
         """Rows into the static buffers through their pinned twins (padding rows read and write the
-        scratch page). NOTE: the host twins are reused by the next step only after this one's results
-        were read back, so the asynchronous copies have finished by then."""
+        scratch page). The copies are queued without waiting; the twins filled here are filled again
+        two loads later, when the engine has read back the launch before this one, whose inputs were
+        copied before it ran."""
         n = len(tokens)
         b = self._buffers_for(ctx)
-        h = b.host_scalars.numpy()
+        host = b.host[self._parity]
+        self._parity ^= 1
+        h = host.scalars.numpy()
         h[:, n:bs] = 0
         h[2, n:bs] = SCRATCH_PAGE * self.pool.page_size
         h[3, n:bs] = 1
@@ -272,21 +307,21 @@ class DecodeGraphs:
         if sampling is not None:
             h[5, :n], h[6, :n], h[7, :n] = sampling.top_k, sampling.seeds, sampling.steps
             h[6, n:bs] = -1
-            f = b.host_fscalars.numpy()
+            f = host.fscalars.numpy()
             f[:, n:bs] = ((0.0,), (1.0,), (0.0,))  # padding rows: greedy
             f[0, :n], f[1, :n], f[2, :n] = sampling.temperature, sampling.top_p, sampling.min_p
-            b.fscalars[:, :bs].copy_(b.host_fscalars[:, :bs], non_blocking=True)
-        table = b.host_table.numpy()
+            b.fscalars[:, :bs].copy_(host.fscalars[:, :bs], non_blocking=True)
+        table = host.table.numpy()
         table[:bs] = SCRATCH_PAGE
         width = table.shape[1]
         for i, pages in enumerate(page_rows):
             table[i, : min(len(pages), width)] = pages[:width]
-        b.scalars[:, :bs].copy_(b.host_scalars[:, :bs], non_blocking=True)
+        b.scalars[:, :bs].copy_(host.scalars[:, :bs], non_blocking=True)
         b.kv_lens[:bs].copy_(b.scalars[3, :bs])
-        b.page_table[:bs].copy_(b.host_table[:bs], non_blocking=True)
+        b.page_table[:bs].copy_(host.table[:bs], non_blocking=True)
         if stop_on_eos is not None:
-            b.host_stop.numpy()[:n] = stop_on_eos
-            b.stop_on_eos[:bs].copy_(b.host_stop[:bs], non_blocking=True)
+            host.stop.numpy()[:n] = stop_on_eos
+            b.stop_on_eos[:bs].copy_(host.stop[:bs], non_blocking=True)
 
     def run(
         self, tokens: list[int], positions: list[int], slots: list[int], page_rows: list[list[int]]
@@ -311,18 +346,19 @@ class DecodeGraphs:
         stop_on_eos: list[bool],
         sampling: RowSampling | None = None,
         generator: torch.Generator | None = None,
-    ) -> list[list[int]]:
-        """`self.steps` tokens for every row, with one host sync: greedy, or drawn on the device with
-        each row's `sampling` parameters (needs `samples_on_device`; seeded rows draw exactly what
-        single steps draw, unseeded ones from keys taken from `generator`). Tokens a row draws after
-        it is done (EOS or out of budget) are returned too; the caller drops them."""
+    ) -> torch.Tensor:
+        """Queue `self.steps` tokens for every row: greedy, or drawn on the device with each row's
+        `sampling` parameters (needs `samples_on_device`; seeded rows draw exactly what single steps
+        draw, unseeded ones from keys taken from `generator`). Returns the device tensor [steps, n]
+        they will be in (the futures' cells: read it back before the next launch overwrites it).
+        Tokens a row draws after it is done (EOS or out of budget) are there too; the caller drops
+        them."""
         n = len(tokens)
         bs = self.batch_bucket(n)
         ctx = self.context_bucket(max(positions) + self.steps)
         sampled = sampling is not None and not sampling.all_greedy
         if sampled and not self.samples_on_device:
             raise RuntimeError("sampled multi-step decoding needs the on-device sampling op")
-        captured_before = self.capture_seconds
         if self.capture:
             self.graph(bs, ctx, self.steps, sampled)
         b = self._buffers_for(ctx)
@@ -334,9 +370,4 @@ class DecodeGraphs:
         self._host_sampling = sampling if sampled else None
         self._execute(bs, ctx, self.steps, sampled)
         self._host_sampling = None
-        t = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
-        # the host's share of a launch excludes the device wait and a first launch's capture
-        self.last_wait_seconds = time.perf_counter() - t + self.capture_seconds - captured_before
-        return self.out_tokens[:, :n].t().tolist()
+        return self.out_tokens[:, :n]

@@ -1,6 +1,13 @@
 """The engine loop: one thread that owns the model, the KV pool, the prefix cache and the scheduler.
 Other threads talk to it only through its inbox (submit, abort, flush, release, queries), so none of
-that state needs a lock."""
+that state needs a lock.
+
+A step is launched (`_launch`: schedule, build, queue the forward pass and the sampling) and later
+completed (`_complete`: read the tokens back, decide what the ids decide, hand them to the output
+thread). With overlap scheduling the next step is launched before the last one is completed: while
+the device runs step N the host plans and queues step N+1, whose decode rows read step N's tokens
+on the device (futures.py), and only then waits for step N. Rows whose next step needs their
+previous token on the host — grammars, penalties — turn the overlap off while they run."""
 
 from __future__ import annotations
 
@@ -20,14 +27,19 @@ import torch
 from sgjit.errors import RequestAbortedError, SgjitError, TensorParallelError
 from sgjit.nvtx import nvtx_range
 from sgjit.runtime.kv_pool import PagedKVPool
-from sgjit.runtime.model_runner import ModelRunner, StepLogits
-from sgjit.runtime.output import OutputProcessor
+from sgjit.runtime.launch import InputLogprobs, Launch, LaunchFailed
+from sgjit.runtime.logprobs import DeviceLogprobs, HostLogprobs
+from sgjit.runtime.model_runner import ModelRunner
+from sgjit.runtime.output import OutputProcessor, TokenUpdate
+from sgjit.runtime.output_thread import OutputThread
 from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, Status
 from sgjit.runtime.result import FinishReason
 from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.scheduler import RowChunk, Scheduler
+from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import Tokenizer
+from sgjit.runtime.transfer import Readback, to_device
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +62,7 @@ class EngineParts:
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
     max_model_len: int
+    overlap: bool = False  # launch step N+1 before reading step N back (RuntimeConfig.overlap_schedule)
 
 
 class Engine:
@@ -66,9 +79,11 @@ class Engine:
             "requests_total": 0,
             "steps": 0,
             "multi_step_launches": 0,
-            # host time of multi-step launches (schedule, load, replay, hand out tokens), without the
-            # wait for the device: divided by launches x steps, the host cost of a decode step
+            # engine-thread time of multi-step launches (schedule, load, replay, read back, decide
+            # finishes, queue the tokens for the output thread), without waits for the device or
+            # graph captures: divided by launches x steps, the host cost of a decode step
             "multi_step_host_us": 0,
+            "overlapped_launches": 0,  # launched while the step before was still on the device
         }
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._by_id: dict[str, Request] = {}
@@ -88,12 +103,13 @@ class Engine:
         self.tokenizer = parts.tokenizer
         self.eos_token_ids = parts.eos_token_ids
         self.max_model_len = parts.max_model_len
-        self.output = OutputProcessor(
-            parts.tokenizer, parts.eos_token_ids, parts.max_model_len, parts.sampler.vocab_size
-        )
+        self.overlap = parts.overlap
+        self.output = OutputThread(OutputProcessor(parts.tokenizer), self._output_failed)
         self.multi_step_off = False  # set when multi-step launches fail where single steps do not
         self.pool: PagedKVPool = parts.scheduler.pool
         self.cache: RadixCache = parts.scheduler.cache
+        self._inflight: Launch | None = None
+        self._host_bound = 0  # unfinished requests whose sampling reads their tokens on the host
 
     # ----- called from any thread -----
     def submit(self, req: Request) -> None:
@@ -123,6 +139,12 @@ class Engine:
         self._stop.set()
         self._inbox.put(("wake", None))
         self._thread.join(timeout=10)
+        if hasattr(self, "output"):
+            self.output.stop()
+
+    def _output_failed(self, req: Request, error: Exception) -> None:
+        """Output thread: handing out `req`'s tokens raised; the engine ends it with that error."""
+        self._inbox.put(("fail", (req, error)))
 
     # ----- engine thread -----
     def _run(self, build: Callable[[], EngineParts]) -> None:
@@ -138,13 +160,15 @@ class Engine:
         finally:
             self.runner.close()  # tensor parallel: the other ranks leave their loops too
 
+    def _has_work(self) -> bool:
+        return self._inflight is not None or self.scheduler.has_work()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            block = not self.scheduler.has_work()
-            self._drain(block)
+            self._drain(block=not self._has_work())
             if self._stop.is_set():
                 break
-            if self.scheduler.has_work():
+            if self._has_work():
                 self.step()
 
     def _drain(self, block: bool) -> None:
@@ -162,6 +186,9 @@ class Engine:
     def _handle(self, kind: str, arg: Any) -> None:
         if kind == "submit":
             for req in arg:
+                p = req.params
+                req.stop_ids = p.finishing_ids(self.eos_token_ids)
+                self._host_bound += req.grammar is not None or p.has_penalties
                 self._by_id[req.rid] = req
                 self.scheduler.add(req)
                 self.counters["requests_total"] += 1
@@ -170,6 +197,9 @@ class Engine:
             req = self._by_id.get(arg)
             if req is not None:
                 self._finish(req, FinishReason.abort("aborted"), error=RequestAbortedError(f"{arg} aborted"))
+        elif kind == "fail":
+            req, error = arg
+            self._finish(req, FinishReason.abort(str(error)), error=error)
         elif kind == "release":
             self.pool.allocator.decref(arg.pages)
             arg.pages = []
@@ -181,109 +211,276 @@ class Engine:
                 fut.set_exception(e)
 
     def step(self) -> None:
-        if self.runner.multi_steps > 1 and not self.multi_step_off and self._try_multi_step():
-            return
+        """Launch the next step and complete the one before it: overlapped (launch, then complete the
+        previous) when allowed, else in turn."""
+        prev, self._inflight = self._inflight, None
+        launch = None
+        if prev is None or (self.overlap and self._host_bound == 0):
+            launch = self._try_launch(prev)
+            if launch is not None and prev is not None:
+                self.counters["overlapped_launches"] += 1
+        if prev is not None and not prev.completed:
+            self._complete(prev)
+        if launch is None:
+            launch = self._try_launch(None) if prev is not None else None
+            if launch is None:
+                if prev is None:
+                    self._idle()
+                return
+        if self.overlap:
+            self._inflight = launch
+        else:
+            self._complete(launch)
+
+    def _idle(self) -> None:
+        """Nothing could be scheduled and nothing is in flight."""
+        if self.scheduler.waiting and not self.scheduler.running:
+            self._fail_unschedulable()
+        else:
+            time.sleep(0.001)
+
+    def _try_launch(self, prev: Launch | None) -> Launch | None:
+        try:
+            return self._launch()
+        except LaunchFailed as f:
+            if prev is not None and not prev.completed:
+                self._complete(prev)  # the rows' inputs must be real tokens before they rerun
+            self._recover(f)
+            return None
+
+    def _launch(self) -> Launch | None:
+        if self.runner.multi_steps > 1 and not self.multi_step_off:
+            launch = self._launch_multi()
+            if launch is not None:
+                return launch
         batch = self.scheduler.schedule()
         if batch is None:
-            if self.scheduler.waiting and not self.scheduler.running:
-                self._fail_unschedulable()
-            else:
-                time.sleep(0.001)
-            return
+            return None
         self.counters["steps"] += 1
         try:
             with nvtx_range(f"step rows={len(batch.rows)} tokens={batch.num_tokens}"):
-                self._forward_and_process(batch.rows)
-        except TensorParallelError as e:  # the group is gone (and logged): no rerun can succeed
-            self._fail_rows(batch.rows, e)
+                return self._launch_rows(batch.rows)
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine or its batch
-            if len(batch.rows) == 1:
-                log.exception("request %s failed in a forward step", batch.rows[0].req.rid)
-                self._finish(batch.rows[0].req, FinishReason.abort(str(e)), error=e)
-                return
-            log.warning("a step of %d rows failed (%s); rerunning them one by one", len(batch.rows), e)
-            self._isolate(batch.rows)
+            raise LaunchFailed(batch.rows, e, multi=False) from e
 
-    def _forward_and_process(self, rows: list[RowChunk]) -> None:
-        self._process(rows, self.runner.forward(rows))
+    def _recover(self, f: LaunchFailed) -> None:
+        if isinstance(f.error, TensorParallelError):  # the group is gone (and logged): no rerun can succeed
+            self._fail_rows(f.rows, f.error)
+        elif f.multi:
+            # No token was handed out: the rows rerun as single steps, where only a request that
+            # fails again ends. If none does, the fault is the multi-step path's: it is turned off.
+            log.warning(
+                "multi-step decode of %d rows failed (%s); rerunning them one by one", len(f.rows), f.error
+            )
+            if self._isolate(f.rows) == 0:
+                log.error(
+                    "multi-step decode fails where single steps do not; turning it off", exc_info=f.error
+                )
+                self.multi_step_off = True
+        elif len(f.rows) == 1:
+            log.error("request %s failed in a forward step", f.rows[0].req.rid, exc_info=f.error)
+            self._finish(f.rows[0].req, FinishReason.abort(str(f.error)), error=f.error)
+        else:
+            log.warning("a step of %d rows failed (%s); rerunning them one by one", len(f.rows), f.error)
+            self._isolate(f.rows)
 
     def _isolate(self, rows: list[RowChunk]) -> int:
-        """Rerun a failed step's rows alone, so only the request that fails again ends (with its
-        error) and the others advance. Safe to rerun: no token was appended before the failure
-        (token-level errors are caught per request in `_process`), a row rewrites the same KV
-        entries with the same values, and prompt logprobs already recorded are not asked again
-        (`next_input_logprob`). Returns how many rows failed again."""
+        """Rerun a failed launch's rows alone, so only the request that fails again ends (with its
+        error) and the others advance. Safe to rerun: nothing of the failed launch was committed, a
+        row rewrites the same KV entries with the same values, and prompt logprobs already recorded
+        are not asked again (`next_input_logprob`). Returns how many rows failed again."""
         failed = 0
         for row in rows:
             if row.req.status is Status.FINISHED:
                 continue
             try:
-                self._forward_and_process([row])
+                launch = self._launch_rows([row])
             except Exception as e:  # noqa: BLE001 - this request is the culprit
                 log.exception("request %s failed in a forward step", row.req.rid)
                 self._finish(row.req, FinishReason.abort(str(e)), error=e)
                 failed += 1
+                continue
+            self._complete(launch)
         return failed
 
+    # ----- launching -----
+    def _launch_rows(self, rows: list[RowChunk]) -> Launch:
+        """Queue one step's forward pass, logprobs and sampling, then commit its bookkeeping: KV
+        counts, prefix-cache entries, and a placeholder token for every row that samples."""
+        t0 = time.perf_counter()
+        compute0, capture0 = self.runner.cpu_compute_seconds, self.runner.capture_seconds
+        out = self.runner.forward(rows)
+        dev, vocab = out.logits.device, self.sampler.vocab_size
+        launch = Launch(rows, [b for b, r in enumerate(rows) if r.sample], [], [], False, Readback([]))
+        for b, (first_row, first_pos, count) in out.prompt_index.items():
+            req = rows[b].req
+            lps = torch.log_softmax(out.logits[first_row : first_row + count, :vocab], dim=-1)
+            targets = to_device(req.tokens[first_pos + 1 : first_pos + 1 + count], torch.int64, dev)
+            values = DeviceLogprobs.of(lps, targets, req.top_logprobs_num)
+            launch.input_logprobs.append(InputLogprobs(b, first_pos, values, req.next_input_logprob == 0))
+        tensors = []
+        if launch.sampled:
+            reqs = [rows[b].req for b in launch.sampled]
+            idx = to_device([out.sample_index[b] for b in launch.sampled], torch.int64, dev)
+            logits = self.sampler.process_logits(out.logits.index_select(0, idx), reqs, self.eos_token_ids)
+            tokens = self.sampler.sample(logits, reqs)
+            self.runner.futures.publish(tokens)
+            tensors.append(tokens)
+            want = [j for j, r in enumerate(reqs) if r.logprobs is not None]
+            if want:
+                lps = torch.log_softmax(logits.index_select(0, to_device(want, torch.int64, dev)), dim=-1)
+                for i, j in enumerate(want):
+                    launch.output_logprobs[j] = DeviceLogprobs.of(
+                        lps[i : i + 1], tokens[j : j + 1], reqs[j].top_logprobs_num
+                    )
+        tensors += [t for lp in launch.input_logprobs for t in lp.values.tensors()]
+        tensors += [t for lp in launch.output_logprobs.values() for t in lp.tensors()]
+        launch.readback = Readback(tensors)
+        # committed: nothing below raises
+        for lp in launch.input_logprobs:
+            req = rows[lp.row].req
+            req.next_input_logprob = lp.first_pos + 1 + lp.values.chosen.shape[0]
+        for row in rows:
+            row.req.num_computed = row.end
+            if row.end - row.start > 1:  # a prefill chunk: its full pages serve requests waiting on them
+                self.scheduler.cache_computed(row.req)
+        for i, b in enumerate(launch.sampled):
+            req = rows[b].req
+            launch.bases.append(len(req.tokens))
+            launch.counts.append(1)
+            req.tokens.append(self.runner.futures.placeholder(0, i))
+        launch.host_seconds = self._host_time(t0, compute0, capture0)
+        return launch
+
     def _multi_step_ok(self, req: Request) -> bool:
-        """Rows the device can finish on its own between host syncs: greedy, or sampled where the
-        sampling op runs on the device, and no host decision (stop string or regex, logit bias, grammar, penalty, logprobs,
-        min-token block) needed between tokens."""
+        """Rows the device can run on its own between host syncs: greedy, or sampled where the
+        sampling op runs on the device, and nothing applied to the logits on the host (logit bias,
+        grammar, penalty, logprobs, min-token block). Stop tokens and stop strings are checked when
+        the launch is read back; tokens past them are trimmed."""
         p = req.params
         return (
-            (p.is_greedy or self.runner.samples_on_device) and not p.needs_host_per_token and req.grammar is None and not req.return_logprob
-            and not p.has_penalties and req.num_output >= p.min_new_tokens
+            (p.is_greedy or self.runner.samples_on_device) and not p.logit_bias and req.grammar is None
+            and not req.return_logprob and not p.has_penalties and req.num_output >= p.min_new_tokens
         )  # fmt: skip
 
     def _budget(self, req: Request) -> int:
         remaining = min(req.params.max_new_tokens - req.num_output, self.max_model_len - len(req.tokens))
         return max(1, min(self.runner.multi_steps, remaining))
 
-    def _try_multi_step(self) -> bool:
+    def _launch_multi(self) -> Launch | None:
         running = self.scheduler.running
         if not running or self.scheduler.waiting or not all(self._multi_step_ok(r) for r in running):
-            return False
+            return None
         t0 = time.perf_counter()
+        compute0, capture0 = self.runner.cpu_compute_seconds, self.runner.capture_seconds
         batch = self.scheduler.schedule_decode_ahead(self._budget)
         if batch is None:
-            return False
-        budgets = [self._budget(r.req) for r in batch.rows]
-        stop_on_eos = [not r.req.params.ignore_eos for r in batch.rows]
+            return None
+        rows = batch.rows
+        budgets = [self._budget(r.req) for r in rows]
+        reqs = [r.req for r in rows]
+        stop_on_eos = [not r.params.ignore_eos for r in reqs]
         try:
-            reqs = [r.req for r in batch.rows]
             # all greedy (the common case): the graph takes the argmax and needs no sampling rows
             sampling = None if all(r.params.is_greedy for r in reqs) else RowSampling.of(reqs)
-            out = self.runner.forward_multi(
-                batch.rows, budgets, stop_on_eos, sampling, self.sampler.generator
-            )
-        except TensorParallelError as e:
-            self._fail_rows(batch.rows, e)
-            return True
+            out = self.runner.forward_multi(rows, budgets, stop_on_eos, sampling, self.sampler.generator)
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
-            # No token was handed out: the rows rerun as single steps, where only a request that
-            # fails again ends. If none does, the fault is the multi-step path's: it is turned off.
-            log.warning(
-                "multi-step decode of %d rows failed (%s); rerunning them one by one", len(batch.rows), e
-            )
-            if self._isolate(batch.rows) == 0:
-                log.error("multi-step decode fails where single steps do not; turning it off", exc_info=e)
-                self.multi_step_off = True
-            return True
+            raise LaunchFailed(rows, e, multi=True) from e
         if out is None:
-            return False
+            return None
+        launch = Launch(rows, list(range(len(rows))), budgets, [], True, Readback([out]))
+        futures = self.runner.futures
+        for i, (row, budget) in enumerate(zip(rows, budgets)):
+            req = row.req
+            launch.bases.append(len(req.tokens))
+            req.tokens.extend(futures.placeholder(k, i) for k in range(budget))
+            req.num_computed = row.start + budget  # the KV of every input but the last token drawn
         self.counters["steps"] += self.runner.multi_steps
         self.counters["multi_step_launches"] += 1
+        launch.host_seconds = self._host_time(t0, compute0, capture0)
+        return launch
+
+    def _host_time(self, t0: float, compute0: float, capture0: float) -> float:
+        """Engine-thread time since `t0`, less what was the model computing on the CPU (there the
+        host is the device) or a first launch's graph capture."""
+        compute = self.runner.cpu_compute_seconds - compute0
+        capture = self.runner.capture_seconds - capture0
+        return time.perf_counter() - t0 - compute - capture
+
+    # ----- completing -----
+    def _complete(self, launch: Launch) -> None:
+        """Read a launch's tokens back, put them in place of its placeholders, finish the rows that
+        end (by id here; by a stop string once the output thread has looked), and hand the tokens
+        to the output thread."""
+        launch.completed = True
+        t0 = time.perf_counter()
+        host = iter(launch.readback.wait())
+        tokens = next(host).tolist() if launch.sampled else []
+        inputs = {
+            lp.row: (lp.first_pos, HostLogprobs.read(lp.values, host), lp.with_first)
+            for lp in launch.input_logprobs
+        }
+        outputs = {j: HostLogprobs.read(lp, host) for j, lp in launch.output_logprobs.items()}
+        sampled = dict(zip(launch.sampled, range(len(launch.sampled))))
+        updates: list[TokenUpdate] = []
+        ended: list[tuple[Request, FinishReason, Exception | None]] = []
+        text_rows: list[tuple[Request, FinishReason | None]] = []
         now = time.monotonic()
-        for row, toks, budget in zip(batch.rows, out, budgets):
+        for b, row in enumerate(launch.rows):
             req = row.req
-            for j, tok in enumerate(toks[:budget]):
-                req.num_computed = row.start + j + 1  # the KV of step j's input token is in the pool now
-                self._append_token(req, tok, now)
-                if req.status is Status.FINISHED:
-                    break
-        host = time.perf_counter() - t0 - self.runner.graphs.last_wait_seconds
-        self.counters["multi_step_host_us"] += int(host * 1e6)
-        return True
+            if req.status is Status.FINISHED:
+                continue
+            j = sampled.get(b)
+            if j is None:  # a prefill chunk that does not sample yet
+                if b in inputs:
+                    updates.append(TokenUpdate(req, [], input_logprobs=inputs[b]))
+                if req.pending == 0 and not req.wants_tokens:
+                    ended.append((req, FinishReason.at_length(req.params.max_new_tokens), None))
+                continue
+            base, count = launch.bases[j], launch.counts[j]
+            got = [tokens[k][j] for k in range(count)] if launch.multi else [tokens[j]]
+            req.tokens[base : base + count] = got
+            try:
+                end, reason = first_finish(req, base, got, self.max_model_len)
+            except Exception as e:  # noqa: BLE001 - e.g. a grammar failure ends only its request
+                log.exception("request %s failed", req.rid)
+                ended.append((req, FinishReason.abort(str(e)), e))
+                continue
+            if end is not None:
+                got = got[: end + 1]
+                self._trim(req, base + end)
+            self.counters["generation_tokens_total"] += len(got)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            updates.append(TokenUpdate(req, got, reason, inputs.get(b), outputs.get(j)))
+            if req.has_text_stops:
+                text_rows.append((req, reason))
+            elif reason is not None:
+                ended.append((req, reason, None))
+        self.output.deliver(updates)
+        waited = launch.readback.wait_seconds
+        if text_rows:
+            t = time.perf_counter()
+            self.output.barrier()  # the output thread has looked for stop strings in these tokens
+            waited += time.perf_counter() - t
+            for req, reason in text_rows:
+                if req.text_stop is not None:
+                    index, reason = req.text_stop
+                    self._trim(req, index)
+                if reason is not None:
+                    ended.append((req, reason, None))
+        for req, reason, error in ended:
+            self._finish(req, reason, error)
+        launch.host_seconds += time.perf_counter() - t0 - waited
+        if launch.multi:
+            self.counters["multi_step_host_us"] += int(launch.host_seconds * 1e6)
+
+    def _trim(self, req: Request, last: int) -> None:
+        """The request ends with its token at index `last`: later ones (the rest of a multi-step
+        launch, placeholders of the launch in flight) go, and the KV of `last` itself does not
+        count as computed (as when a single step ends a request)."""
+        del req.tokens[last + 1 :]
+        req.num_computed = min(req.num_computed, last)
 
     def _fail_rows(self, rows: list[RowChunk], error: Exception) -> None:
         for row in rows:
@@ -295,49 +492,13 @@ class Engine:
         self.scheduler.waiting.appendleft(req)
         self._finish(req, FinishReason.abort(str(err)), error=err)
 
-    def _process(self, rows: list[RowChunk], out: StepLogits) -> None:
-        for b, (first_row, first_pos, count) in out.prompt_index.items():
-            self.output.record_input_logprobs(
-                rows[b].req, out.logits[first_row : first_row + count], first_pos
-            )
-        sampled_rows = []
-        for b, row in enumerate(rows):
-            req = row.req
-            req.num_computed = row.end
-            if row.end - row.start > 1:  # a prefill chunk: its full pages serve requests waiting on them
-                self.scheduler.cache_computed(req)
-            if row.sample:
-                sampled_rows.append(b)
-            elif req.pending == 0 and not req.wants_tokens:
-                self._finish(req, FinishReason.at_length(req.params.max_new_tokens))
-        if not sampled_rows:
-            return
-        reqs = [rows[b].req for b in sampled_rows]
-        logits = out.logits[[out.sample_index[b] for b in sampled_rows]]
-        logits = self.sampler.process_logits(logits, reqs, self.eos_token_ids)
-        tokens = self.sampler.sample(logits, reqs)
-        self.output.record_output_logprobs(reqs, logits, tokens)
-        now = time.monotonic()
-        for req, tok in zip(reqs, tokens):
-            try:
-                self._append_token(req, tok, now)
-            except Exception as e:  # noqa: BLE001 - e.g. a grammar failure ends only its request
-                log.exception("request %s failed", req.rid)
-                self._finish(req, FinishReason.abort(str(e)), error=e)
-
-    def _append_token(self, req: Request, tok: int, now: float) -> None:
-        self.counters["generation_tokens_total"] += 1
-        if req.first_token_time is None:
-            req.first_token_time = now
-        finish = self.output.accept(req, tok)
-        if finish is not None:
-            self._finish(req, finish)
-        else:
-            self.output.stream(req)
-
     def _finish(self, req: Request, reason: FinishReason, error: Exception | None = None) -> None:
         if req.status is Status.FINISHED:
             return
+        # an abort while a launch is in flight: its placeholders are no tokens of the result
+        while len(req.tokens) > req.prompt_len and req.tokens[-1] < 0:
+            req.tokens.pop()
+        req.num_computed = min(req.num_computed, len(req.tokens))
         req.finish_reason = reason
         handle = None
         if req.hold_prefix and error is None:
@@ -348,6 +509,7 @@ class Engine:
         self.scheduler.release_handle(req)
         self.scheduler.remove(req)
         req.status = Status.FINISHED
+        self._host_bound -= req.grammar is not None or req.params.has_penalties
         with self._count_lock:
             self.unfinished -= 1
         self._by_id.pop(req.rid, None)

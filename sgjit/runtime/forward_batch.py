@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sgjit.kernels.ops import AttentionMetadata
 from sgjit.runtime.sampler import RowSampling
+from sgjit.runtime.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -39,14 +41,17 @@ class HostBatch:
     logits_indices: list[int]
 
     def to_device(self, device: torch.device, page_size: int) -> ForwardBatch:
-        table = torch.zeros(len(self.page_rows), max(map(len, self.page_rows)), dtype=torch.int32)
+        """The batch on `device`, copied without waiting for work already queued there (transfer.py):
+        with overlap scheduling the step before may still be running."""
+        table = np.zeros((len(self.page_rows), max(map(len, self.page_rows))), dtype=np.int32)
         for b, pages in enumerate(self.page_rows):
-            table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            table[b, : len(pages)] = pages
+        page_table = torch.from_numpy(table)
         qo = self.qo_indptr
         meta = AttentionMetadata(
-            qo_indptr=torch.tensor(qo, dtype=torch.int32, device=device),
-            kv_lens=torch.tensor(self.kv_lens, dtype=torch.int32, device=device),
-            page_table=table.to(device),
+            qo_indptr=to_device(qo, torch.int32, device),
+            kv_lens=to_device(self.kv_lens, torch.int32, device),
+            page_table=page_table if device.type == "cpu" else page_table.to(device, non_blocking=True),
             page_size=page_size,
             max_q_len=max(qo[i + 1] - qo[i] for i in range(len(self.kv_lens))),
             max_kv_len=max(self.kv_lens),
@@ -54,11 +59,11 @@ class HostBatch:
             kv_lens_host=self.kv_lens,
         )
         return ForwardBatch(
-            input_ids=torch.tensor(self.input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(self.positions, dtype=torch.int64, device=device),
-            slot_mapping=torch.tensor(self.slots, dtype=torch.int64, device=device),
+            input_ids=to_device(self.input_ids, torch.int64, device),
+            positions=to_device(self.positions, torch.int64, device),
+            slot_mapping=to_device(self.slots, torch.int64, device),
             attn=meta,
-            logits_indices=torch.tensor(self.logits_indices, dtype=torch.int64, device=device),
+            logits_indices=to_device(self.logits_indices, torch.int64, device),
         )
 
 

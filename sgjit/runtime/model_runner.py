@@ -1,8 +1,11 @@
 """Turns a scheduled batch into a step (`HostBatch`: flat token ids, positions, KV slots, pages; or
-`DecodeRows` for the decode-graph path) and runs the model on it."""
+`DecodeRows` for the decode-graph path) and runs the model on it. Inputs go to the device without
+waiting for it (`HostBatch.to_device`), and placeholder ids of tokens still on the device are
+resolved there (`TokenFutures`), so a step can be built and launched while the previous one runs."""
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -10,6 +13,7 @@ import torch
 
 from sgjit.runtime.cuda_graph import DecodeGraphs
 from sgjit.runtime.forward_batch import DecodeRows, HostBatch, MultiStep
+from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model.deepseek_v4.cache import DeepseekV4KVPool
 from sgjit.runtime.model.deepseek_v4.model import DeepseekV4Model
@@ -33,20 +37,26 @@ class StepLogits:
 class ModelRunner:
     """Runs scheduled rows on the model. Each step reaches the device through one of three methods
     (`run_batch`, `run_decode`, `run_multi`); under tensor parallelism rank 0's runner first sends the
-    step to the other ranks (`channel`), whose runners then call the same method with it."""
+    step to the other ranks (`channel`), whose runners then call the same method with it. Placeholder
+    ids (overlap scheduling) never reach the other ranks: the overlap is off with tp > 1
+    (`RuntimeConfig.use_overlap`), since only rank 0 samples and holds the tokens they name."""
 
     def __init__(
         self,
         model: LlamaModel | DeepseekV4Model,
         pool: PagedKVPool | DeepseekV4KVPool,
+        futures: TokenFutures,
         graphs: DecodeGraphs | None = None,
         channel: StepChannel | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
+        self.futures = futures
         self.graphs = graphs
         self.channel = channel
+        self._cpu = self.device.type == "cpu"
+        self._compute_seconds = 0.0
 
     def build(
         self, rows: list[RowChunk]
@@ -88,6 +98,16 @@ class ModelRunner:
         batch, sample_index, prompt_index = self.build(rows)
         return StepLogits(self.run_batch(batch), sample_index, prompt_index)
 
+    @property
+    def cpu_compute_seconds(self) -> float:
+        """Time the model has computed on the CPU, where the host is the device: what the engine's
+        host-time counters leave out there (on a GPU the host only queues the work; this stays 0)."""
+        return self._compute_seconds + (self.graphs.compute_seconds if self.graphs is not None else 0.0)
+
+    @property
+    def capture_seconds(self) -> float:
+        return self.graphs.capture_seconds if self.graphs is not None else 0.0
+
     def _graphable(self, rows: list[RowChunk]) -> bool:
         """Pure decode steps (one token a row, every row sampling) replay a captured graph."""
         if not all(r.sample and r.end - r.start == 1 for r in rows):
@@ -123,9 +143,10 @@ class ModelRunner:
         stop_on_eos: list[bool],
         sampling: RowSampling | None = None,
         generator: torch.Generator | None = None,
-    ) -> list[list[int]] | None:
-        """`multi_steps` tokens a row from one multi-step graph (greedy unless `sampling` says
-        otherwise); None when the batch does not fit the graphs (the caller then takes a single step)."""
+    ) -> torch.Tensor | None:
+        """Queue `multi_steps` tokens a row from one multi-step graph (greedy unless `sampling` says
+        otherwise): the device tensor [steps, rows] they will be in (the futures' cells); None when
+        the batch does not fit the graphs (the caller then takes a single step)."""
         if self.graphs is None or not self.graphs.can_run(
             len(rows), max(r.end for r in rows) + self.multi_steps
         ):
@@ -136,7 +157,14 @@ class ModelRunner:
     def run_batch(self, batch: HostBatch) -> torch.Tensor:
         """Logits of one forward pass over `batch`."""
         with self._on_every_rank(StepKind.FORWARD, batch):
-            return self.model.forward(batch.to_device(self.device, self.pool.page_size), self.pool.layers)
+            fb = batch.to_device(self.device, self.pool.page_size)
+            if min(batch.input_ids) < 0:  # tokens the step in flight is drawing
+                fb.input_ids = self.futures.resolve(fb.input_ids)
+            t = time.perf_counter()
+            logits = self.model.forward(fb, self.pool.layers)
+            if self._cpu:
+                self._compute_seconds += time.perf_counter() - t
+            return logits
 
     def run_decode(self, rows: DecodeRows) -> torch.Tensor:
         """Logits of one step on the decode-graph path."""
@@ -145,8 +173,8 @@ class ModelRunner:
 
     def run_multi(
         self, rows: DecodeRows, multi: MultiStep, generator: torch.Generator | None = None
-    ) -> list[list[int]]:
-        """Tokens of one multi-step launch."""
+    ) -> torch.Tensor:
+        """Queue one multi-step launch: the device tensor [steps, rows] its tokens will be in."""
         with self._on_every_rank(StepKind.DECODE_MULTI, rows, multi):
             return self.graphs.run_multi(
                 rows.tokens, rows.positions, rows.slots, rows.page_rows, multi.budgets, multi.stop_on_eos,

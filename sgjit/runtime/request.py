@@ -1,5 +1,6 @@
 """`Request`: one sequence inside the engine, from submission to finish, and the updates it sends
-back to whoever submitted it."""
+back to whoever submitted it. The engine thread owns the token list and the KV bookkeeping; the
+output thread owns the text (detokenizer, stream position, logprob entries)."""
 
 from __future__ import annotations
 
@@ -56,19 +57,24 @@ class Request:
     )
     grammar: Any = None  # a GrammarMatcher when the request is constrained
     # --- engine state ---
-    tokens: list[int] = field(default_factory=list)  # prompt + output
+    # prompt + output; ids of a launch still in flight are negative placeholders (see futures.py)
+    tokens: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are in `pages`
     cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
-    stop_trim: int = 0  # characters of matched stop string to cut from the text
-    released_chars: int = 0  # text sent to the sink so far
-    released_tokens: int = 0  # output tokens sent to the sink so far
+    # tokens that end the sequence: stop_token_ids, and EOS unless ignore_eos (set on submission)
+    stop_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     preemptions: int = 0
     next_input_logprob: int = 0  # next prompt position whose input logprob is still to record
+    # --- output-thread state (the engine reads `text_stop` only after a barrier) ---
+    stop_trim: int = 0  # characters of matched stop string to cut from the text
+    released_chars: int = 0  # text sent to the sink so far
+    released_tokens: int = 0  # output tokens sent to the sink so far
+    text_stop: tuple[int, FinishReason] | None = None  # (index in `tokens`, reason) of a stop string/regex
     logprobs: Logprobs | None = None  # what is recorded of them, when return_logprob
 
     def __post_init__(self) -> None:
@@ -97,6 +103,11 @@ class Request:
     @property
     def wants_tokens(self) -> bool:
         return self.num_output < self.params.max_new_tokens
+
+    @property
+    def has_text_stops(self) -> bool:
+        """Stop strings or regexes: only the output thread, which decodes text, can see them."""
+        return bool(self.params.stop or self.params.stop_regex)
 
     def max_prefix_match(self) -> int:
         """How many leading tokens may come from the prefix cache: at least one token must run, and

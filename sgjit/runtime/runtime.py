@@ -174,8 +174,9 @@ class Runtime:
             )
 
     def submit(self, req: Request, sink: Any) -> None:
-        """Hand a request to the engine; `sink(update)` is then called on the engine thread with every
-        update. Raises `ServerBusyError` when the queue is full."""
+        """Hand a request to the engine; `sink(update)` is then called on the engine's output thread
+        with every update (it must not block on the engine). Raises `ServerBusyError` when the queue
+        is full."""
         self.submit_batch([req], sink)
 
     def submit_batch(self, reqs: list[Request], sink: Any) -> None:
@@ -318,6 +319,8 @@ class Runtime:
                 "prefix_cache_hit_tokens": s.prefix_hit_tokens,
                 "prefix_cache_nodes": self.engine.cache.num_nodes,
                 **self.engine.counters,
+                # time the output thread spent handing tokens out (detokenize, stop strings, sinks)
+                "output_us": int(self.engine.output.busy_seconds * 1e6),
             }
 
         return self.engine.call(read)

@@ -9,6 +9,7 @@ import torch
 
 from sgjit.kernels.ops import OpTable, SamplingTensors
 from sgjit.runtime.request import Request
+from sgjit.runtime.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -41,16 +42,13 @@ class RowSampling:
         return all(t <= 0.0 for t in self.temperature)
 
     def to_device(self, device: torch.device) -> SamplingTensors:
-        def f32(xs: list[float]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.float32, device=device)
-
         return SamplingTensors(
-            temperature=f32(self.temperature),
-            top_p=f32(self.top_p),
-            top_k=torch.tensor(self.top_k, dtype=torch.int32, device=device),
-            min_p=f32(self.min_p),
-            seeds=torch.tensor(self.seeds, dtype=torch.int64, device=device),
-            steps=torch.tensor(self.steps, dtype=torch.int64, device=device),
+            temperature=to_device(self.temperature, torch.float32, device),
+            top_p=to_device(self.top_p, torch.float32, device),
+            top_k=to_device(self.top_k, torch.int32, device),
+            min_p=to_device(self.min_p, torch.float32, device),
+            seeds=to_device(self.seeds, torch.int64, device),
+            steps=to_device(self.steps, torch.int64, device),
             all_greedy=self.all_greedy,
             seeds_host=self.seeds,
             steps_host=self.steps,
@@ -69,27 +67,28 @@ class Sampler:
         self, logits: torch.Tensor, reqs: list[Request], eos_ids: tuple[int, ...]
     ) -> torch.Tensor:
         """Penalties, logit biases, the min_new_tokens block on stop tokens, and grammar masks, in
-        place on this step's logits (a fresh tensor every step)."""
+        place on this step's logits (a fresh tensor every step). Penalties and grammars read the
+        request's resolved tokens (the engine reads every launch back before such rows run again);
+        the rest needs only host-known counts, and nothing here waits for the device."""
         logits = logits[:, : self.vocab_size]
+        dev = logits.device
         for i, req in enumerate(reqs):
             p = req.params
             if p.has_penalties and req.num_output > 0:
                 self._penalize(logits[i], req)
             if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), dtype=torch.int64, device=logits.device)
-                logits[i, ids] += torch.tensor(
-                    list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device
-                )
+                ids = to_device(list(p.logit_bias), torch.int64, dev)
+                logits[i, ids] += to_device(list(p.logit_bias.values()), logits.dtype, dev)
             if req.num_output < p.min_new_tokens:
                 block = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_ids))
                 if block:
-                    logits[i, block] = float("-inf")
+                    logits[i, to_device(block, torch.int64, dev)] = float("-inf")
         constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if constrained:
             mask = torch.empty(len(constrained), reqs[constrained[0]].grammar.words, dtype=torch.int32)
             for j, i in enumerate(constrained):
                 reqs[i].grammar.fill_bitmask(mask[j])
-            idx = torch.tensor(constrained, device=logits.device)
+            idx = to_device(constrained, torch.int64, dev)
             rows = logits[idx]
             self.ops.apply_bitmask(rows, mask.to(logits.device, non_blocking=True))
             logits[idx] = rows
@@ -97,9 +96,9 @@ class Sampler:
 
     def _penalize(self, row: torch.Tensor, req: Request) -> None:
         p = req.params
-        out = torch.tensor(req.output_ids, dtype=torch.int64, device=row.device)
+        out = to_device(req.output_ids, torch.int64, row.device)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(req.tokens, dtype=torch.int64, device=row.device).unique()
+            seen = to_device(req.tokens, torch.int64, row.device).unique()
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
@@ -109,5 +108,6 @@ class Sampler:
     def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
         return RowSampling.of(reqs).to_device(self.device)
 
-    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        return self.ops.sample(logits, self.sampling_tensors(reqs), self.generator).tolist()
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """The next token of each row, left on the device (int64 [rows])."""
+        return self.ops.sample(logits, self.sampling_tensors(reqs), self.generator)

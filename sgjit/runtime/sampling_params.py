@@ -253,10 +253,9 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
-    @property
-    def needs_host_per_token(self) -> bool:
-        """The host must see each token before the next (a stop string or regex, a logit bias)."""
-        return bool(self.stop or self.stop_regex or self.stop_token_ids or self.logit_bias)
+    def finishing_ids(self, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
+        """Token ids that end a sequence: the stop tokens, and EOS unless ignore_eos."""
+        return frozenset(self.stop_token_ids) | frozenset(() if self.ignore_eos else eos_token_ids)
 
     @property
     def grammar_key(self) -> tuple[str, str] | None:

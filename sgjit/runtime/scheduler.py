@@ -1,6 +1,8 @@
 """Continuous batching over the paged pool: every step carries one token for each decoding row plus
-prefill chunks (up to `chunked_prefill_size` tokens) of rows still reading their prompt, in one
-forward pass. New requests join at any step; finished ones leave at once. When the pool runs dry,
+prefill chunks of rows still reading their prompt, in one forward pass. A step with decode rows
+stays within `mixed_step_tokens` (decode rows included), so a long prompt is cut into chunks that
+do not stall the rows that are decoding; a step of prompts alone takes up to `chunked_prefill_size`
+tokens. New requests join at any step; finished ones leave at once. When the pool runs dry,
 the prefix cache is evicted first and then the most recently admitted request is preempted: its
 pages are freed (its computed prefix left in the cache) and it is recomputed later, keeping the
 tokens it already produced.
@@ -29,6 +31,11 @@ class SchedulerConfig:
     chunked_prefill_size: int = 2048
     max_running_requests: int = 256
     policy: str = "fcfs"  # "fcfs" | "lpm" (longest prefix match first)
+    # Tokens of a step that carries decode rows: its decode rows (one token each) and prefill chunks
+    # together, but never fewer than a quarter of it for the prompts, so prefill keeps moving when
+    # decode rows alone fill it. None: prompts get chunked_prefill_size whatever decodes beside them.
+    mixed_step_tokens: int | None = 1024
+    max_model_len: int = 1 << 62  # a row at this length draws no more tokens
     # A waiting request sharing at least this many uncached prompt tokens with a row still prefilling
     # waits for that row's pages; 0 turns in-batch prefix sharing off.
     share_min_tokens: int = 32
@@ -88,15 +95,30 @@ class Scheduler:
 
     def cache_computed(self, req: Request) -> None:
         n = req.num_computed
+        while n and req.tokens[n - 1] < 0:  # tokens still on the device (futures.py) are not cached yet
+            n -= 1
         self.cache.insert(req.tokens[:n], req.pages[: n // self.pool.page_size])
+
+    def _drawn_last(self, req: Request) -> bool:
+        """A decoding row whose last token is drawn but not yet read back (overlap scheduling): the
+        engine finishes it when it reads the token; it takes no more steps."""
+        return req.pending == 1 and (not req.wants_tokens or len(req.tokens) >= self.config.max_model_len)
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this step may compute (see `SchedulerConfig.mixed_step_tokens`)."""
+        cap, mixed = self.config.chunked_prefill_size, self.config.mixed_step_tokens
+        decoding = sum(r.pending == 1 and not self._drawn_last(r) for r in self.running)
+        if mixed is None or decoding == 0:
+            return cap
+        return min(cap, max(mixed - decoding, mixed // 4))
 
     # ----- one step -----
     def schedule(self) -> ScheduledBatch | None:
         rows: list[RowChunk] = []
-        budget = self.config.chunked_prefill_size
+        budget = self._prefill_budget()
         for req in list(self.running):
-            if req.status is not Status.RUNNING:
-                continue  # preempted while serving an earlier row of this step
+            if req.status is not Status.RUNNING or self._drawn_last(req):
+                continue  # preempted while serving an earlier row of this step, or done
             n = req.pending if req.pending == 1 else min(req.pending, budget)
             if n <= 0:
                 continue
@@ -124,19 +146,29 @@ class Scheduler:
         return ScheduledBatch(rows) if rows else None
 
     def schedule_decode_ahead(self, ahead: Callable[[Request], int]) -> ScheduledBatch | None:
-        """A pure decode step for multi-step graphs: every running row decodes and nothing waits.
-        Pages for `ahead(req)` tokens a row are reserved now (evicting cache, never preempting);
-        None when that is not possible, and the caller takes a single step instead."""
+        """A pure decode step for multi-step graphs: every running row decodes (rows done but not yet
+        read back sit out) and nothing waits. Pages for `ahead(req)` tokens a row are reserved now
+        (evicting cache, never preempting); None when that is not possible, and the caller takes a
+        single step instead."""
         if self.waiting or not self.running:
             return None
-        if any(r.pending != 1 or not r.wants_tokens for r in self.running):
-            return None
+        decoding = []
         for req in self.running:
-            need = self.pool.pages_for(req.num_computed + ahead(req)) - len(req.pages)
-            if need > 0 and not self._ensure_free(need, req):
+            if req.pending == 0 or self._drawn_last(req):
+                continue
+            if req.pending != 1:
                 return None
-            self._grow(req, req.num_computed + ahead(req))
-        return ScheduledBatch([RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in self.running])
+            decoding.append(req)
+        if not decoding:
+            return None
+        for req in decoding:
+            upto = req.num_computed + ahead(req)
+            need = self.pool.pages_for(upto) - len(req.pages)
+            if need > 0:
+                if not self._ensure_free(need, req):
+                    return None
+                self._grow(req, upto)
+        return ScheduledBatch([RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in decoding])
 
     def _chunk(self, req: Request, n: int) -> RowChunk:
         start = req.num_computed

@@ -134,6 +134,12 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "running ones before new ones get 503 + Retry-After"}),
     ("--chunked-prefill-size", "chunked_prefill_size", {"type": int, "help": "prompt tokens computed per "
      "engine step (longer prompts are prefilled in chunks)"}),
+    ("--mixed-step-tokens", "mixed_step_tokens", {"type": int, "help": "token budget of a step that "
+     "carries decode rows: decode rows plus prompt chunk, so long prompts do not stall decoding "
+     "(a value >= --chunked-prefill-size + --max-running-requests turns it off)"}),
+    ("--overlap-schedule", "overlap_schedule", {"action": argparse.BooleanOptionalAction, "help": "launch "
+     "the next step while the device runs the current one, its decode rows reading the tokens on the "
+     "device (default: on for a GPU, off for the CPU)"}),
     ("--jit-cache-limit", "jit_cache_limit", {"type": int, "help": "compiled plans kept (LRU)"}),
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
      "auto (the compute dtype) or fp8_e4m3 (with the checkpoint's per-layer k/v scales when it has them)"}),

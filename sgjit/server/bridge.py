@@ -81,7 +81,7 @@ class RequestGroup:
         self.close()
 
     def _deliver(self, index: int, update: RequestUpdate) -> None:
-        """Runs on the engine thread."""
+        """Runs on the engine's output thread."""
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, update))
         except RuntimeError:  # the event loop has closed (server shut down): nobody is listening

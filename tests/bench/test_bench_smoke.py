@@ -50,6 +50,14 @@ def test_latency(tmp_path):
         assert key in r["rows"][0]
 
 
+def test_latency_host_time_on_the_cpu(tmp_path):
+    """The bucketed decode path run eagerly on the CPU has multi-step launches, so the engine's host
+    time per decode step and the output thread's time per token are measured there."""
+    r = run_bench("latency", ["--smoke", "--device", "cpu", "--engines", "sgjit-bucketed"], tmp_path)
+    for row in r["rows"]:
+        assert row["host_us_per_step"] > 0 and row["output_us_per_token"] > 0
+
+
 def test_throughput(tmp_path):
     row = run_bench("throughput", ["--smoke", "--device", "cpu"], tmp_path)["rows"][0]
     assert row["output_tokens"] > 0 and row["output_tok_s"] > 0 and row["single_request_decode_tok_s"] > 0
@@ -76,6 +84,28 @@ def test_serving_against_a_live_server(runtime, tmp_path):
     assert row["completed"] == row["requests"] == 8 and row["errors"] == 0
     assert row["ttft_p50_ms"] > 0 and row["output_tok_s"] > 0
     assert 0 < row["pct_of_roofline"] < 100  # the sgjit server's model sizes and this CPU's ceilings
+
+
+def test_serving_sweep_and_workloads(runtime, tmp_path):
+    """A request-rate sweep over the shared-prefix workload (one row a rate, curves drawn) and a
+    ShareGPT-like run, shrunk to a few tokens."""
+    server = LiveServer(runtime)
+    try:
+        sweep = run_bench(
+            "serving",
+            ["--url", server.url, "--smoke", "--workload", "shared-prefix", "--request-rate", "40", "inf",
+             "--plot", str(tmp_path)],
+            tmp_path,
+        )  # fmt: skip
+        sharegpt = run_bench("serving", ["--url", server.url, "--smoke", "--workload", "sharegpt"], tmp_path)
+    finally:
+        server.stop()
+    assert [row["request_rate"] for row in sweep["rows"]] == [40.0, float("inf")]
+    for row in sweep["rows"] + sharegpt["rows"]:
+        assert row["completed"] == row["requests"] == 8 and row["errors"] == 0
+        assert row["output_tok_s"] > 0 and row["tpot_p50_ms"] > 0
+    assert sweep["rows"][0]["mean_input_len"] == 64 + 16  # a system prompt and the request's own part
+    assert (tmp_path / "serving.png").stat().st_size > 1000
 
 
 @pytest.mark.gpu

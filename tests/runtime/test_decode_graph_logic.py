@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import sgjit
-from sgjit.runtime.cuda_graph import DecodeGraphs, batch_buckets
+from sgjit.runtime.cuda_graph import batch_buckets
 
 from conftest import GREEDY, assert_no_leaked_pages
 
@@ -19,23 +19,25 @@ def test_batch_buckets():
 
 @pytest.fixture(scope="module")
 def bucketed():
-    rt = sgjit.Runtime(device="cpu", max_total_tokens=4096)
+    """The bucketed decode path on the CPU (`bucketed_decode=True`), one runtime per steps a launch."""
+    made: dict[int, sgjit.Runtime] = {}
 
-    def attach(steps: int) -> None:
-        eng = rt.engine
-        mc = rt.model_config
-        eng.runner.graphs = DecodeGraphs(
-            rt.model, rt.pool, 8, 1024, steps=steps, eos_token_ids=mc.eos_token_ids, capture=False
-        )
+    def get(steps: int) -> sgjit.Runtime:
+        if steps not in made:
+            made[steps] = sgjit.Runtime(
+                device="cpu", max_total_tokens=4096, max_model_len=1024, bucketed_decode=True,
+                cuda_graph_max_bs=8, multi_step=steps,
+            )  # fmt: skip
+        return made[steps]
 
-    yield rt, attach
-    rt.shutdown()
+    yield get
+    for rt in made.values():
+        rt.shutdown()
 
 
 @pytest.mark.parametrize("steps", [1, 4])
 def test_bucketed_decode_matches_plain_decode(runtime, bucketed, steps):
-    rt, attach = bucketed
-    rt.engine.call(lambda: attach(steps))
+    rt = bucketed(steps)
     prompts = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):"]
     params = [{**GREEDY, "max_new_tokens": n} for n in (7, 12, 5)]
     ref = runtime.generate(prompts, params)
@@ -53,8 +55,7 @@ def test_bucketed_decode_matches_plain_decode(runtime, bucketed, steps):
 def test_sampled_multi_step_matches_single_steps(runtime, bucketed):
     """Seeded sampling inside a multi-step launch draws exactly the tokens single steps draw (the
     Philox counter is the token index, advanced on the device); unseeded rows sample too."""
-    rt, attach = bucketed
-    rt.engine.call(lambda: attach(4))
+    rt = bucketed(4)
     prompts = ["Once upon a time", "My favourite colour is", "def add(a, b):"]
     params = [
         {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": 13, "ignore_eos": True},

@@ -76,3 +76,23 @@ def test_a_cached_prefix_is_reused(v4):
     assert out["meta_info"]["cached_tokens"] == 48
     assert out["output_ids"] == greedy(hf, second)
     assert_no_leaked_pages(rt)
+
+
+def test_overlap_schedule_gives_the_same_tokens(v4):
+    """With overlap scheduling (a GPU's default) the next step is launched before the last is read
+    back, its decode rows taking placeholder ids resolved on the device: same tokens."""
+    rt, hf = v4
+    overlapped = sgjit.Runtime(
+        str(rt.model_path), device="cpu", max_total_tokens=2048, chunked_prefill_size=16, seed=0,
+        overlap_schedule=True,
+    )  # fmt: skip
+    try:
+        prompts = [sequence(n, seed) for seed, n in enumerate((29, 7, 50))]
+        params = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
+        outs = overlapped.generate(input_ids=prompts, sampling_params=params)
+        assert overlapped.stats()["overlapped_launches"] > 0
+        for ids, out in zip(prompts, outs):
+            assert out["output_ids"] == greedy(hf, ids)
+        assert_no_leaked_pages(overlapped)
+    finally:
+        overlapped.shutdown()

@@ -37,6 +37,7 @@ def run(tp: int, **opts) -> tuple[list, list, list]:
         prompt_lp = [e[0] for e in lp["meta_info"]["input_token_logprobs"][1:]]
         if opts.get("cuda_graph", True):
             assert rt.engine.runner.graphs.num_graphs > 0 and rt.stats()["multi_step_launches"] > 0
+        assert rt.engine.overlap is (tp == 1)  # overlap scheduling: a GPU's default, off with tp > 1
     finally:
         rt.shutdown()
     assert not tp_rank_pids()

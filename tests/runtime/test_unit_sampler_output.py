@@ -1,21 +1,27 @@
-"""Unit tests of the step sampler (sgjit/runtime/sampler.py, over the torch reference ops on CPU) and
-of the output processor (sgjit/runtime/output.py). No model: logits are made up, and a fake tokenizer
-maps each id to fixed bytes so decoded text is predictable."""
+"""Unit tests of the step sampler (sgjit/runtime/sampler.py, over the torch reference ops on CPU), of
+the engine's token-id finish checks (token_finish.py), of the output processor (output.py) and of
+the output thread that runs it (output_thread.py). No
+model: logits are made up, and a fake tokenizer maps each id to fixed bytes so decoded text is
+predictable."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
 from sgjit.kernels.reference import REFERENCE_OPS
-from sgjit.runtime.output import OutputProcessor
+from sgjit.runtime.logprobs import DeviceLogprobs, HostLogprobs
+from sgjit.runtime.output import OutputProcessor, TokenUpdate
+from sgjit.runtime.output_thread import OutputThread
 from sgjit.runtime.request import PrefixHandle, Request
 from sgjit.runtime.result import FinishReason, GenerateResult, RequestUpdate
 from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.sampling_params import SamplingParams
+from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import IncrementalDetokenizer
 
 EOS = 0
@@ -53,13 +59,15 @@ def _req(
     **params: object,
 ) -> Request:
     sp = SamplingParams(**params)  # type: ignore[arg-type]
-    return Request(
+    req = Request(
         rid,
         list(prompt),
         sp,
         IncrementalDetokenizer(FakeTokenizer(), sp.skip_special_tokens),  # type: ignore[arg-type]
         sink=sink.append if sink is not None else None,
     )
+    req.stop_ids = sp.finishing_ids((EOS,))  # as the engine sets it on submission
+    return req
 
 
 # =============================== Sampler ===============================
@@ -80,7 +88,7 @@ def test_greedy_picks_argmax() -> None:
     """temperature 0 takes each row's argmax."""
     logits = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
     reqs = [_req(temperature=0.0) for _ in range(4)]
-    assert _sampler().sample(logits, reqs) == logits.argmax(-1).tolist()
+    assert _sampler().sample(logits, reqs).tolist() == logits.argmax(-1).tolist()
 
 
 def test_top_k_one_is_greedy_even_with_temperature() -> None:
@@ -89,7 +97,7 @@ def test_top_k_one_is_greedy_even_with_temperature() -> None:
     logits[0, 5] = 0.5  # barely ahead: plain sampling would often take something else
     req = _req(temperature=1.5, top_k=1)
     assert RowSampling.of([req]).temperature == [0.0]
-    assert {_sampler(seed=s).sample(logits.clone(), [req])[0] for s in range(30)} == {5}
+    assert {_sampler(seed=s).sample(logits.clone(), [req]).tolist()[0] for s in range(30)} == {5}
 
 
 def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
@@ -99,14 +107,14 @@ def test_mixed_batch_keeps_greedy_rows_greedy() -> None:
     logits[2, 2] = 0.1
     reqs = [_req(temperature=0.0), _req(temperature=1.0), _req(temperature=0.0)]
     for s in range(10):
-        out = _sampler(seed=s).sample(logits.clone(), reqs)
+        out = _sampler(seed=s).sample(logits.clone(), reqs).tolist()
         assert out[0] == 7 and out[2] == 2
 
 
 def test_sampling_is_not_greedy_on_a_flat_distribution() -> None:
     """With temperature 1 over equal logits, sampling spreads over the vocabulary."""
     logits = torch.zeros(1, V)
-    draws = {_sampler(seed=s).sample(logits.clone(), [_req(temperature=1.0)])[0] for s in range(40)}
+    draws = {_sampler(seed=s).sample(logits.clone(), [_req(temperature=1.0)])[0].item() for s in range(40)}
     assert len(draws) > 4
 
 
@@ -117,7 +125,7 @@ def _seeded_run(seed: int, neighbours: list[Request], steps: int = 8, vocab: int
     out = []
     for _ in range(steps):
         batch = [*neighbours, req]
-        toks = sampler.sample(torch.zeros(len(batch), vocab), batch)
+        toks = sampler.sample(torch.zeros(len(batch), vocab), batch).tolist()
         out.append(toks[-1])
         req.tokens.append(toks[-1])  # its step counter advances with its output
         for n in neighbours:
@@ -140,9 +148,9 @@ def test_unseeded_rows_follow_the_sampler_seed() -> None:
     """Unseeded rows are reproducible for one sampler seed and differ for another."""
     logits = torch.zeros(6, 1000)
     reqs = [_req(temperature=1.0) for _ in range(6)]
-    a = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs)
-    b = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs)
-    c = _sampler(seed=4, vocab=1000).sample(logits.clone(), reqs)
+    a = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs).tolist()
+    b = _sampler(seed=3, vocab=1000).sample(logits.clone(), reqs).tolist()
+    c = _sampler(seed=4, vocab=1000).sample(logits.clone(), reqs).tolist()
     assert a == b
     assert a != c
 
@@ -153,7 +161,7 @@ def test_top_k_top_p_min_p_limit_the_candidates() -> None:
     cases = [({"top_k": 2}, {1, 2}), ({"top_p": 0.5}, {1, 2}), ({"min_p": 0.6}, {1, 2})]
     for extra, allowed in cases:
         req = _req(temperature=1.0, **extra)
-        seen = {_sampler(seed=s).sample(logits.clone(), [req])[0] for s in range(60)}
+        seen = {_sampler(seed=s).sample(logits.clone(), [req]).tolist()[0] for s in range(60)}
         assert seen <= allowed, extra
         assert seen == allowed, extra  # both candidates are drawn at some point
 
@@ -223,12 +231,12 @@ def test_min_new_tokens_blocks_eos_and_stop_tokens() -> None:
         out = sampler.process_logits(logits.clone(), [req], (EOS,))
         assert out[0, EOS] == -math.inf and out[0, 9] == -math.inf
         assert torch.isfinite(out[0, 1:9]).all()
-        tok = sampler.sample(out, [req])[0]
+        tok = sampler.sample(out, [req]).tolist()[0]
         assert tok == 3
         req.tokens.append(tok)
     out = sampler.process_logits(logits.clone(), [req], (EOS,))
     torch.testing.assert_close(out, logits)
-    assert sampler.sample(out, [req]) == [EOS]
+    assert sampler.sample(out, [req]).tolist() == [EOS]
 
 
 def test_min_new_tokens_with_ignore_eos_blocks_only_stop_tokens() -> None:
@@ -244,21 +252,29 @@ def test_min_new_tokens_with_ignore_eos_blocks_only_stop_tokens() -> None:
 MAX_LEN = 64
 
 
-def _proc(max_model_len: int = MAX_LEN) -> OutputProcessor:
-    return OutputProcessor(FakeTokenizer(), (EOS,), max_model_len, len(VOCAB))  # type: ignore[arg-type]
+def _proc() -> OutputProcessor:
+    return OutputProcessor(FakeTokenizer())  # type: ignore[arg-type]
 
 
-def _feed(proc: OutputProcessor, req: Request, toks: Sequence[int]) -> FinishReason | None:
-    """Accept tokens as the engine does (streaming after each unfinished one); the finish reason of the
-    token that ended the request (then it is finished), or None."""
+def _feed(
+    proc: OutputProcessor, req: Request, toks: Sequence[int], max_model_len: int = MAX_LEN
+) -> FinishReason | None:
+    """Hand tokens over one at a time as the engine does: its id checks (`first_finish`), then the
+    output processor's text (streaming after each token that does not end the request), a stop
+    string found there ending the request; the finish reason of the token that ended it (then it
+    is finished), or None."""
     for i, t in enumerate(toks):
-        reason = proc.accept(req, t)
+        base = len(req.tokens)
+        req.tokens.append(t)
+        _, reason = first_finish(req, base, [t], max_model_len)
+        proc.take(TokenUpdate(req, [t], reason))
+        if req.text_stop is not None:
+            reason = req.text_stop[1]
         if reason is not None:
             assert i == len(toks) - 1, "finished before the last token fed"
             req.finish_reason = reason
             proc.finish(req, None, None)
             return reason
-        proc.stream(req)
     return None
 
 
@@ -460,10 +476,10 @@ def test_stop_beats_length_on_the_last_token() -> None:
 
 def test_context_length_finishes_with_length() -> None:
     """Reaching the model's context length ends the sequence as length, with the output token count."""
-    proc = _proc(max_model_len=5)
+    proc = _proc()
     req = _req(prompt=[1, 2, 3], max_new_tokens=100)
-    assert _feed(proc, req, [9]) is None
-    assert _feed(proc, req, [9]) == FinishReason.at_length(2)
+    assert _feed(proc, req, [9], max_model_len=5) is None
+    assert _feed(proc, req, [9], max_model_len=5) == FinishReason.at_length(2)
     assert len(req.tokens) == 5
 
 
@@ -488,7 +504,9 @@ def test_finish_passes_the_prefix_handle() -> None:
     proc = _proc()
     req = _req(sink=updates, max_new_tokens=1)
     handle = PrefixHandle([1, 2, 3], [5])
-    reason = proc.accept(req, 3)
+    req.tokens.append(3)
+    _, reason = first_finish(req, len(req.tokens) - 1, [3], MAX_LEN)
+    proc.take(TokenUpdate(req, [3], reason))
     assert reason is not None
     req.finish_reason = reason
     proc.finish(req, None, handle)
@@ -497,25 +515,188 @@ def test_finish_passes_the_prefix_handle() -> None:
 
 
 def test_output_logprobs_are_the_log_softmax_of_the_chosen_tokens() -> None:
-    """record_output_logprobs stores log_softmax(logits)[token] for the rows that asked, with top-n
-    alternatives and token text when asked; the result carries them."""
+    """The engine's device logprobs, read back and handed over with the token, become
+    log_softmax(logits)[token] with the top-n alternatives and token text when asked."""
     proc = _proc()
     a = Request(
         "a", [1], SamplingParams(max_new_tokens=1), IncrementalDetokenizer(FakeTokenizer()),  # type: ignore[arg-type]
         return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True,
     )  # fmt: skip
-    b = _req()
-    logits = torch.zeros(2, len(VOCAB))
+    logits = torch.zeros(1, len(VOCAB))
     logits[0, 2] = 3.0
     logits[0, 1] = 1.0
-    proc.record_output_logprobs([a, b], logits, [1, 5])
-    assert a.logprobs is not None and b.logprobs is None
+    values = DeviceLogprobs.of(torch.log_softmax(logits, -1), torch.tensor([1]), a.top_logprobs_num)
+    raw = HostLogprobs.read(values, iter(values.tensors()))
+    proc.take(TokenUpdate(a, [1], output_logprobs=raw))
+    assert a.logprobs is not None
     lp = torch.log_softmax(logits[0], -1)
     ((value, tok, text),) = a.logprobs.output_token_logprobs
     assert tok == 1 and text == "Hello" and value == pytest.approx(lp[1].item())
     ((top1, top2),) = a.logprobs.output_top_logprobs
     assert (top1[1], top2[1]) == (2, 1) and top1[2] == " world"
     assert top1[0] == pytest.approx(lp[2].item())
+
+
+def test_input_logprobs_are_recorded_from_the_position_given() -> None:
+    """Prompt logprobs handed over with a launch: with `with_first` the prompt's first token comes
+    first with no value; each later prompt token gets log_softmax(logits at the position before)."""
+    proc = _proc()
+    req = Request(
+        "p", [1, 2, 3], SamplingParams(max_new_tokens=1), IncrementalDetokenizer(FakeTokenizer()),  # type: ignore[arg-type]
+        return_logprob=True, logprob_start_len=0, top_logprobs_num=1,
+    )  # fmt: skip
+    logits = torch.randn(2, len(VOCAB), generator=torch.Generator().manual_seed(3))
+    lps = torch.log_softmax(logits, -1)
+    values = DeviceLogprobs.of(lps, torch.tensor([2, 3]), req.top_logprobs_num)  # targets: prompt[1:]
+    raw = HostLogprobs.read(values, iter(values.tensors()))
+    proc.take(TokenUpdate(req, [], input_logprobs=(0, raw, True)))
+    assert req.logprobs is not None
+    got = req.logprobs.input_token_logprobs
+    assert [(t, text) for _, t, text in got] == [(1, None), (2, None), (3, None)]
+    assert got[0][0] is None
+    assert got[1][0] == pytest.approx(lps[0, 2].item()) and got[2][0] == pytest.approx(lps[1, 3].item())
+    tops = req.logprobs.input_top_logprobs
+    assert tops[0] is None and [row[0][1] for row in tops[1:]] == lps.argmax(-1).tolist()
+    assert req.detokenizer.ids == []  # prompt logprobs decode no output text
+
+
+def test_a_multi_token_update_stops_at_a_stop_string_inside_it() -> None:
+    """A multi-step launch hands over several tokens at once: the stop string is found at the token
+    that completes it, whose index in `req.tokens` is reported for the engine to trim at, and the
+    tokens after it are not decoded or streamed."""
+    updates: list[RequestUpdate] = []
+    proc = _proc()
+    req = _req(sink=updates, max_new_tokens=10, stop=["STOP"])
+    req.tokens += [1, 5, 6, 2]
+    proc.take(TokenUpdate(req, [1, 5, 6, 2]))
+    assert req.text_stop == (req.prompt_len + 2, FinishReason.stop("STOP"))
+    assert req.detokenizer.ids == [1, 5, 6]
+    assert "".join(u.text for u in updates) == "Hell"  # after "HelloST": 3 characters held ("STOP" - 1)
+    proc.take(TokenUpdate(req, [3]))  # a later launch's tokens (already in flight) are ignored
+    assert req.detokenizer.ids == [1, 5, 6]
+    req.finish_reason = req.text_stop[1]
+    proc.finish(req, None, None)
+    res = _final(updates)
+    assert res.text == "Hello" and res.output_ids == [1, 5, 6]
+
+
+def test_a_stop_string_before_the_engines_finish_wins() -> None:
+    """The engine cut a launch's tokens at EOS; a stop string earlier in them is the finish."""
+    proc = _proc()
+    req = _req(max_new_tokens=10, stop=[" STOP"])
+    proc.take(TokenUpdate(req, [1, 4, EOS], ends=FinishReason.stop(EOS)))
+    assert req.text_stop == (req.prompt_len + 1, FinishReason.stop(" STOP"))
+    assert req.detokenizer.ids == [1, 4]
+
+
+def test_a_stop_token_ends_before_a_stop_string_in_its_own_text() -> None:
+    """A stop token whose text completes a stop string ends as stop(token), untrimmed, as the plain
+    per-token check always did."""
+    updates: list[RequestUpdate] = []
+    proc = _proc()
+    req = _req(sink=updates, max_new_tokens=10, stop=[" STOP"], stop_token_ids=[4])
+    assert _feed(proc, req, [1, 4]) == FinishReason.stop(4)
+    assert req.text_stop is None
+    assert _final(updates).text == "Hello STOP"
+
+
+def test_first_finish_takes_the_earliest_token_and_the_plain_order_on_ties() -> None:
+    """Over a launch's tokens the first ending one wins; at one token, a stop token or EOS beats the
+    length limits (as a single step checks them)."""
+    req = _req(prompt=[1, 2], max_new_tokens=3)
+    base = len(req.tokens)
+    assert first_finish(req, base, [1, EOS, 2], MAX_LEN) == (1, FinishReason.stop(EOS))
+    assert first_finish(req, base, [1, 2, 3, 4], MAX_LEN) == (2, FinishReason.at_length(3))
+    assert first_finish(req, base, [1, 2, EOS, 4], MAX_LEN) == (2, FinishReason.stop(EOS))
+    assert first_finish(req, base, [1, 2], MAX_LEN) == (None, None)
+    ctx = _req(prompt=[1, 2, 3], max_new_tokens=100)  # max_model_len 5: two output tokens fit
+    assert first_finish(ctx, 3, [9, 9, 9], 5) == (1, FinishReason.at_length(2))
+    eos_ignored = _req(max_new_tokens=10, ignore_eos=True, stop_token_ids=[7])
+    assert first_finish(eos_ignored, 2, [EOS, 3, 7, EOS], MAX_LEN) == (2, FinishReason.stop(7))
+
+
+class _RecordingGrammar:
+    """A grammar that accepts anything and is finished once it has taken token 8."""
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def accept(self, tok: int) -> None:
+        self.taken.append(tok)
+
+    def is_finished(self) -> bool:
+        return bool(self.taken) and self.taken[-1] == 8
+
+
+def test_first_finish_advances_the_grammar_only_up_to_the_end() -> None:
+    """The grammar takes the tokens up to the first finish (a stop token's included) and no further;
+    its own end is a stop with no matched token."""
+    req = _req(max_new_tokens=10)
+    req.grammar = _RecordingGrammar()
+    assert first_finish(req, 2, [1, 8, 3], MAX_LEN) == (1, FinishReason.stop(None))
+    assert req.grammar.taken == [1, 8]
+    stopped = _req(max_new_tokens=10, stop_token_ids=[3])
+    stopped.grammar = _RecordingGrammar()
+    assert first_finish(stopped, 2, [1, 3, 8], MAX_LEN) == (1, FinishReason.stop(3))
+    assert stopped.grammar.taken == [1, 3]
+
+
+# ============================ OutputThread ============================
+
+
+def test_output_thread_hands_out_in_order_and_a_barrier_waits_for_it() -> None:
+    """Updates reach the sinks in the order queued, on the output thread; after `barrier` every
+    queued update has been handed out, and a stop string found there is visible to the caller."""
+    got: list[tuple[str, str, str]] = []
+
+    def sink(tag: str) -> Callable[[RequestUpdate], None]:
+        return lambda u: got.append((tag, u.text, threading.current_thread().name))
+
+    failures: list[tuple[Request, Exception]] = []
+    out = OutputThread(_proc(), lambda r, e: failures.append((r, e)))
+    try:
+        a = _req(rid="a", max_new_tokens=10)
+        b = _req(rid="b", max_new_tokens=10, stop=["!"])
+        a.sink, b.sink = sink("a"), sink("b")
+        out.deliver([TokenUpdate(a, [1]), TokenUpdate(b, [1])])
+        out.deliver([TokenUpdate(a, [2]), TokenUpdate(b, [2, 3, 2])])
+        out.barrier()
+        want = [("a", "Hello"), ("b", "Hello"), ("a", " world"), ("b", " world")]
+        assert [(t, x) for t, x, _ in got] == want
+        assert {name for _, _, name in got} == {"sgjit-output"}
+        assert b.text_stop == (b.prompt_len + 2, FinishReason.stop("!"))
+        b.finish_reason = b.text_stop[1]
+        out.finish(b, None, None)
+        out.barrier()
+        assert got[-1][:2] == ("b", "")
+        assert not failures
+    finally:
+        out.stop()
+
+
+def test_output_thread_reports_a_failing_sink_and_goes_on() -> None:
+    """A sink that raises is reported through `on_failure` (the engine then ends that request); the
+    other requests' updates are still handed out, and a final update that raises is only logged."""
+    failures: list[tuple[str, str]] = []
+    out = OutputThread(_proc(), lambda r, e: failures.append((r.rid, str(e))))
+    seen: list[str] = []
+
+    def bad(u: RequestUpdate) -> None:
+        raise RuntimeError("sink broke")
+
+    try:
+        a = _req(rid="a", max_new_tokens=10)
+        b = _req(rid="b", max_new_tokens=10)
+        a.sink, b.sink = bad, lambda u: seen.append(u.text)
+        out.deliver([TokenUpdate(a, [1]), TokenUpdate(b, [1])])
+        a.finish_reason = FinishReason.abort("sink broke")
+        out.finish(a, RuntimeError("sink broke"), None)  # raises inside: logged, not fatal
+        out.deliver([TokenUpdate(b, [2])])
+        out.barrier()
+        assert failures == [("a", "sink broke")]
+        assert seen == ["Hello", " world"]
+    finally:
+        out.stop()
 
 
 # ======================= SGLang's extra sampling keys =======================
@@ -557,7 +738,7 @@ def test_logit_bias_moves_the_argmax() -> None:
     req.params = SamplingParams.from_dict({"temperature": 0, "logit_bias": {"7": 10.0, "3": -100}})
     out = sampler.process_logits(logits, [req], (EOS,))
     assert out[0, 7] == 10.0 and out[0, 3] == -95.0
-    assert sampler.sample(out, [req]) == [7]
+    assert sampler.sample(out, [req]).tolist() == [7]
 
 
 def test_sampling_seed_is_seed_and_the_frontends_extras_are_accepted() -> None:

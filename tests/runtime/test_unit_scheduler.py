@@ -47,14 +47,18 @@ def _req(
 
 
 def _sched(
-    num_pages: int = 17, chunk: int = 64, max_running: int = 256, policy: str = "fcfs", cache: bool = True
+    num_pages: int = 17,
+    chunk: int = 64,
+    max_running: int = 256,
+    policy: str = "fcfs",
+    cache: bool = True,
+    mixed: int | None = None,
 ) -> Scheduler:
     pool = PagedKVPool(2, num_pages, PS, 1, 8, torch.float32, torch.device("cpu"))
-    return Scheduler(
-        pool,
-        RadixCache(pool.allocator, PS, enabled=cache),
-        SchedulerConfig(chunked_prefill_size=chunk, max_running_requests=max_running, policy=policy),
+    config = SchedulerConfig(
+        chunked_prefill_size=chunk, max_running_requests=max_running, policy=policy, mixed_step_tokens=mixed
     )
+    return Scheduler(pool, RadixCache(pool.allocator, PS, enabled=cache), config)
 
 
 def _step(s: Scheduler) -> ScheduledBatch | None:
@@ -597,3 +601,72 @@ def test_sharing_below_the_threshold_does_not_wait() -> None:
     s.add(a)
     s.add(b)
     assert _spans(_step(s)) == [("a", 0, 29, True), ("b", 0, 29, True)]
+
+
+# ----- the step token budget and overlap scheduling -----
+
+
+def test_a_step_with_decode_rows_stays_within_the_mixed_budget() -> None:
+    """With 6 rows decoding and mixed_step_tokens 16, a long prompt gets 16 - 6 = 10 tokens a step;
+    alone (nothing decoding) it gets the whole chunked_prefill_size."""
+    s = _sched(num_pages=65, chunk=64, mixed=16)
+    decoding = [_req(range(i * 10, i * 10 + 3), max_new_tokens=50) for i in range(6)]
+    for r in decoding:
+        s.add(r)
+    _step(s)
+    long = _req(range(100, 160), rid="long")
+    s.add(long)
+    batch = _step(s)
+    assert _spans(batch)[-1] == ("long", 0, 10, False)
+    assert batch is not None and batch.num_tokens == 16
+    alone = _sched(num_pages=65, chunk=64, mixed=16)
+    alone.add(_req(range(100, 160), rid="alone"))
+    assert _spans(_step(alone)) == [("alone", 0, 60, True)]
+
+
+def test_prompts_keep_a_quarter_of_the_budget_when_decode_rows_fill_it() -> None:
+    s = _sched(num_pages=129, chunk=64, mixed=16)
+    for i in range(20):  # 20 decode rows > 16
+        s.add(_req(range(i * 5, i * 5 + 2), max_new_tokens=50))
+    _step(s)
+    s.add(_req(range(200, 240), rid="p"))
+    assert _spans(_step(s))[-1] == ("p", 0, 4, False)  # 16 // 4
+
+
+def test_a_row_whose_last_token_is_drawn_sits_out() -> None:
+    """Overlap scheduling: a row that has drawn its last token (a placeholder the engine has not read
+    back yet) takes no more steps, single or multi-step; the others go on. Its placeholder never
+    reaches the prefix cache."""
+    s = _sched()
+    a, b = _req(range(7), max_new_tokens=1, rid="a"), _req(range(20, 23), max_new_tokens=9, rid="b")
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    for req in (a, b):  # the launch's bookkeeping: KV computed, a placeholder for the drawn token
+        req.num_computed = len(req.tokens)
+        req.tokens.append(-1)
+    assert a.pending == 1 and not a.wants_tokens
+    assert _spans(s.schedule()) == [("b", 3, 4, True)]
+    assert _spans(s.schedule_decode_ahead(lambda r: 4)) == [("b", 3, 4, True)]
+    a.num_computed = 8  # as if the placeholder's KV were computed: it would fill the second page
+    s.cache_computed(a)
+    assert s.cache.num_nodes == 1  # only the page of real tokens
+
+
+def test_a_row_that_drew_the_last_token_the_context_allows_sits_out() -> None:
+    """A row whose drawn (not yet read back) token fills the context takes no more steps, though it
+    still wants tokens, and does not count against the prompts' share of a mixed step."""
+    s = _sched(num_pages=65, chunk=64, mixed=16)
+    s.config.max_model_len = 48
+    a = _req(range(47), max_new_tokens=50, rid="a")
+    s.add(a)
+    s.schedule()
+    a.num_computed = 47
+    a.tokens.append(-1)  # the placeholder of its 48th token, the last the context allows
+    assert a.wants_tokens and a.pending == 1
+    long = _req(range(100, 140), rid="long")
+    s.add(long)
+    assert _spans(s.schedule()) == [("long", 0, 40, True)]  # a sits out; the prompt is not cut to 16
+    long.num_computed = 40
+    long.tokens.append(-2)
+    assert _spans(s.schedule_decode_ahead(lambda r: 4)) == [("long", 40, 41, True)]

@@ -140,8 +140,9 @@ class PagedAttention:
                     last_token = min(q_len - 1, ((mt + 1) * bm - 1) // g)
                     items.append((kvl[b] - q_len + last_token, b, mt))
             items.sort(key=lambda it: -it[0])
-            work = torch.tensor(
-                [[b, mt] for _, b, mt in items], dtype=torch.int32, device=meta.qo_indptr.device
+            # NOTE: non_blocking: a blocking copy would wait for the step still running (overlap)
+            work = torch.tensor([[b, mt] for _, b, mt in items], dtype=torch.int32).to(
+                meta.qo_indptr.device, non_blocking=True
             )
             ctas = len(items) * hkv
             splits = 1

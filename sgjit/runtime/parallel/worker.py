@@ -43,5 +43,5 @@ def serve_rank(cfg: RuntimeConfig, group: TPGroup) -> None:
     torch.set_grad_enabled(False)
     m = build_model(cfg, group)
     log.info("rank %d of %d ready on %s", group.rank, group.size, m.device)
-    follow(ModelRunner(m.model, m.pool, m.graphs), StepChannel(group))
+    follow(ModelRunner(m.model, m.pool, m.futures, m.graphs), StepChannel(group))
     group.close()
