@@ -41,12 +41,13 @@ COLUMNS = [
 ]  # fmt: skip
 ENGINES = (
     "sgjit-jit", "sgjit", "transformers", "torch-graph", "sgjit-deterministic", "sgjit-fp8", "sgjit-jit-tp",
-    "sgjit-megakernel", "sgjit-no-overlap", "sgjit-bucketed",
+    "sgjit-megakernel", "sgjit-overlap", "sgjit-no-overlap", "sgjit-bucketed",
 )  # fmt: skip
 # the JIT with one setting changed
 VARIANTS = {
     "sgjit-deterministic": {"deterministic": True},  # batch-invariant GEMMs and attention
     "sgjit-fp8": {"quantization": "fp8"},  # the layers' weights in FP8 (quantized at load)
+    "sgjit-overlap": {"overlap_schedule": True},  # step N+1 launched while step N runs (off by default yet)
     "sgjit-no-overlap": {"overlap_schedule": False},  # each step read back before the next is launched
     "sgjit-bucketed": {"bucketed_decode": True},  # the GPU's decode path; on the CPU, run eagerly
 }
