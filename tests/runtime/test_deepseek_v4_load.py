@@ -47,6 +47,10 @@ def test_config_reads_what_transformers_reads(tmp_path):
     assert saved == ours
     mc = ModelConfig.from_hf(json.loads((tmp_path / "config.json").read_text()))
     assert (mc.architecture, mc.num_kv_heads, mc.rope.dim, mc.deepseek_v4) == ("deepseek_v4", 1, 8, ours)
+    # a token computes with top_k routed experts of a layer (and the shared ones)
+    per_expert = 3 * mc.hidden_size * ours.moe_intermediate_size
+    skipped = len(ours.layer_types) * (ours.num_experts - ours.top_k) * per_expert
+    assert mc.num_params() - mc.active_params() == skipped > 0
 
 
 def test_config_errors_name_the_field():

@@ -109,18 +109,27 @@ class ModelConfig:
     def num_params(self) -> int:
         """Every weight the model holds (what memory must fit)."""
         if self.deepseek_v4 is not None:
-            return self.deepseek_v4.params(
-                self.hidden_size, self.num_heads, self.head_dim, self.vocab_size, self.tie_word_embeddings
-            )
+            return self._v4_params(None)
         return self._params(self.moe.num_experts if self.moe else 0)
 
     def active_params(self) -> int:
         """The weights one token computes with: a sparse layer counts only its top-k experts
-        (what a token's FLOPs scale with). Equal to `num_params()` for a dense model; DeepSeek-V4
-        counts all of its experts here (its config has no active count yet)."""
+        (what a token's FLOPs scale with). Equal to `num_params()` for a dense model."""
         if self.deepseek_v4 is not None:
-            return self.num_params()
+            return self._v4_params(self.deepseek_v4.top_k)
         return self._params(self.moe.top_k if self.moe else 0)
+
+    def _v4_params(self, experts: int | None) -> int:
+        v4 = self.deepseek_v4
+        assert v4 is not None
+        return v4.params(
+            self.hidden_size,
+            self.num_heads,
+            self.head_dim,
+            self.vocab_size,
+            self.tie_word_embeddings,
+            experts,
+        )
 
     def _params(self, experts: int) -> int:
         h, i = self.hidden_size, self.intermediate_size

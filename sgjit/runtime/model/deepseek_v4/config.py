@@ -64,8 +64,12 @@ class DeepseekV4Config:
         kind = self.layer_types[layer]
         return self.csa_rate if kind == CSA else self.hca_rate if kind == HCA else 0
 
-    def params(self, hidden: int, num_heads: int, head_dim: int, vocab: int, tied: bool) -> int:
-        """Every weight of the model (what memory must fit); the hash layers' token table included."""
+    def params(
+        self, hidden: int, num_heads: int, head_dim: int, vocab: int, tied: bool, experts: int | None = None
+    ) -> int:
+        """Every weight of the model (what memory must fit), the hash layers' token table included;
+        with `experts`, the routed experts counted are that many a layer (top_k: what a token computes
+        with), the shared ones always."""
         h, qr, hd, ihd = hidden, self.q_lora_rank, head_dim, self.index_head_dim
         hc, ffn = self.hc_mult, 3 * hidden * self.moe_intermediate_size
         attn = h * qr + qr + qr * num_heads * hd + h * hd + hd + num_heads * hd * self.o_lora_rank
@@ -82,7 +86,8 @@ class DeepseekV4Config:
             router = self.num_experts * h + (
                 vocab * self.top_k if self.mlp_layer_types[i] == HASH_MOE else self.num_experts
             )
-            moe = router + (self.num_experts + self.num_shared_experts) * ffn
+            routed = self.num_experts if experts is None else experts
+            moe = router + (routed + self.num_shared_experts) * ffn
             total += attn + compressor + hyper + 2 * h + moe
         head = hc * hc * h + hc + 1 + h
         return vocab * h * (1 if tied else 2) + total + head
