@@ -203,8 +203,6 @@ def _fused_rows(
 ) -> tuple[dict[str, Any], str]:
     if workload.batch_invariant:  # the unfused path serves larger steps: a row would change with its batch
         raise _Unfit("batch-invariant mode: every step runs the unfused ops")
-    if not env().unverified_kernels:
-        raise _Unfit("fused decode GEMVs not yet verified on a GPU (SGJIT_UNVERIFIED_KERNELS=1 offers them)")
     small = _layer_bytes(shapes) <= SMALL_LAYER_BYTES
     want = FUSED_ROWS_SMALL_LAYERS if small else FUSED_ROWS
     budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)

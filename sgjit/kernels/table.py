@@ -148,7 +148,9 @@ def build_ops(profile: DeviceProfile, shapes: ModelShapes, kernel_set: KernelSet
                 label = f"{v.family}.cu:{name}" if v.family else f"torch {v.name}:{name}"
                 built[name] = GuardedOp(name, label, fn, getattr(reference, name))
     unfused = reference.REFERENCE_OPS.with_overrides(**built)
-    mega = _megakernel_op(profile, shapes, kernel_set) if cupy_ok else {}
+    if not cupy_ok:
+        return unfused
+    mega = _megakernel_op(profile, shapes, kernel_set)
     return unfused.with_overrides(**_fused_ops(profile, shapes, kernel_set, unfused), **mega)
 
 

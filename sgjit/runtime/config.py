@@ -8,9 +8,6 @@ from dataclasses import dataclass, fields
 from sgjit.errors import InvalidRequestError
 from sgjit.settings import env
 
-# Overlap scheduling has passed its CPU tests but has not yet run on a GPU: off by default until then
-OVERLAP_VERIFIED_ON_GPU = False
-
 
 @dataclass(slots=True)
 class RuntimeConfig:
@@ -45,9 +42,8 @@ class RuntimeConfig:
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
     multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
-    # launch step N+1 while step N runs on the device, reading step N's tokens there; None = off until a
-    # GPU run has verified it (tests/runtime/test_overlap_gpu.py), then on a GPU with tp = 1 (the other
-    # tensor-parallel ranks need every step's tokens from rank 0's host); --overlap-schedule turns it on
+    # launch step N+1 while step N runs on the device, reading step N's tokens there; None = on a GPU
+    # with tp = 1 (the other tensor-parallel ranks need every step's tokens from rank 0's host)
     overlap_schedule: bool | None = None
     # the bucketed decode path (static buffers, batch and context buckets, multi-step launches that
     # pick tokens on the device): None = on a GPU with the JIT or CUDA graphs, on a CPU when
@@ -133,7 +129,7 @@ class RuntimeConfig:
 
     def use_overlap(self, device_type: str) -> bool:
         if self.overlap_schedule is None:
-            return device_type == "cuda" and self.tp == 1 and OVERLAP_VERIFIED_ON_GPU
+            return device_type == "cuda" and self.tp == 1
         return self.overlap_schedule
 
     @classmethod

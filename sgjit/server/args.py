@@ -139,7 +139,7 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "(a value >= --chunked-prefill-size + --max-running-requests turns it off)"}),
     ("--overlap-schedule", "overlap_schedule", {"action": argparse.BooleanOptionalAction, "help": "launch "
      "the next step while the device runs the current one, its decode rows reading the tokens on the "
-     "device (default: off until verified on a GPU; then on for a GPU with --tp 1)"}),
+     "device (default: on for a GPU with --tp 1)"}),
     ("--jit-cache-limit", "jit_cache_limit", {"type": int, "help": "compiled plans kept (LRU)"}),
     ("--kv-cache-dtype", "kv_cache_dtype", {"choices": ("auto", "fp8_e4m3"), "help": "KV cache storage: "
      "auto (the compute dtype) or fp8_e4m3 (with the checkpoint's per-layer k/v scales when it has them)"}),

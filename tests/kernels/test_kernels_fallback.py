@@ -110,7 +110,6 @@ def test_compile_failure_falls_back_for_that_op_only(fake_cupy, caplog):
 
 
 def test_fused_ops_fall_back_to_the_unfused_kernels(fake_cupy, monkeypatch):
-    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")  # the fused GEMVs are offered only then, for now
     """The fused decode ops are built as one unit with the selector's rows; a step they do not take
     (here: CPU tensors) runs as the table's unfused ops, which hand CPU tensors to the reference."""
     ks = KernelSelector().select(H200, _shapes())
@@ -127,7 +126,6 @@ def test_fused_ops_fall_back_to_the_unfused_kernels(fake_cupy, monkeypatch):
 
 
 def test_fused_kernels_failing_to_compile_leave_decode_unfused(fake_cupy, monkeypatch, caplog):
-    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
     monkeypatch.setattr(_FakeCupy, "failing", ("attention_kernel", "gemv_residual_kernel"))
     with caplog.at_level(logging.WARNING):
         ops = table.build_ops(H200, _shapes(), KernelSelector().select(H200, _shapes()))

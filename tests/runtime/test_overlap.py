@@ -203,9 +203,7 @@ def test_streaming_n_and_the_prefix_cache_under_overlap(runtime, overlapped):
 def test_overlap_is_off_with_tensor_parallelism():
     """The other ranks rebuild each step from rank 0's host lists: placeholder ids cannot go there,
     so the overlap is off by default with tp > 1 and refused when asked for."""
-    assert not RuntimeConfig().use_overlap(
-        "cuda"
-    )  # until a GPU run verifies it (config.OVERLAP_VERIFIED_ON_GPU)
+    assert RuntimeConfig().use_overlap("cuda")
     assert not RuntimeConfig().use_overlap("cpu")
     assert not RuntimeConfig(tp=2).use_overlap("cuda")
     assert RuntimeConfig(overlap_schedule=True).use_overlap("cpu")
