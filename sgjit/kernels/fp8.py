@@ -8,9 +8,9 @@ run time (dynamic scales), so no calibration is needed.
 
 How a product runs: decode-sized batches go through sgjit's GEMV kernel (`gemv.cu`, fp8 widened in
 registers, fp32 sums); larger ones through cuBLASLt's FP8 GEMM (`torch._scaled_mm` with row-wise
-scales, the activations quantized by one kernel launch, fp8_quant.cu) on GPUs that have FP8 tensor
-cores (compute capability 8.9+); `linear_reference` (fp32 math
-on the dequantized weight) is the check for both and what runs on the CPU."""
+scales, the activations quantized in one launch by fp8_quant.cu) on GPUs that have FP8 tensor cores
+(compute capability 8.9+); `linear_reference` (fp32 math on the dequantized weight) is the check for
+both and what runs on the CPU."""
 
 from __future__ import annotations
 
