@@ -101,9 +101,11 @@ QuantizeRows = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token e4m3 of activations [M, K]: (data, float32 scales [M, 1]). The definition:
-    the CUDA kernel (fp8_quant.cu) gives these bits in one launch."""
+    the CUDA kernel (fp8_quant.cu) gives these bits in one launch. The amax is multiplied by the
+    float32 reciprocal of 448, which is what torch's division by a scalar does on a GPU (and not on a
+    CPU), so the bits are the same on every device."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=_TINY)
+    scale = (xf.abs().amax(dim=1, keepdim=True) * (1.0 / FP8_MAX)).clamp(min=_TINY)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 

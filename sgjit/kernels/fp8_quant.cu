@@ -1,7 +1,8 @@
-// Dynamic per-token e4m3 of activations: one float32 scale a row (amax / 448, at least 1e-12) and the
-// row divided by it, saturated and rounded to nearest even, in one launch. The bits equal those of the
-// torch version (fp8.quantize_rows): the amax is exact in any order, the two divisions are IEEE
-// (__fdiv_rn), and the clamp to +-448 before torch's cast is what .satfinite does.
+// Dynamic per-token e4m3 of activations: one float32 scale a row (amax times the float32 reciprocal
+// of 448, at least 1e-12) and the row divided by it, saturated and rounded to nearest even, in one
+// launch. The bits equal those of the torch version (fp8.quantize_rows): the amax is exact in any
+// order, the scale is one float32 product as there, the division is IEEE (__fdiv_rn, as torch's
+// tensor division), and the clamp to +-448 before torch's cast is what .satfinite does.
 //
 // One block a row: the first pass reduces the row's absolute maximum, the second reads the row again
 // (from L1/L2, the block has just read it) and writes e4m3. 8-wide vectors only: the glue sends rows
@@ -10,7 +11,7 @@
 
 using namespace sgjit;
 
-constexpr float FP8_MAX = 448.f;  // largest finite e4m3fn value
+constexpr float INV_FP8_MAX = 1.f / 448.f;  // 448: the largest finite e4m3fn value
 constexpr float MIN_SCALE = 1e-12f;  // a zero row keeps a finite scale (fp8.py's _TINY)
 
 template <int BLOCK> __device__ __forceinline__ float block_max(float x) {
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(BLOCK)
 #pragma unroll
     for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
   }
-  const float s = fmaxf(__fdiv_rn(block_max<BLOCK>(amax), FP8_MAX), MIN_SCALE);
+  const float s = fmaxf(__fmul_rn(block_max<BLOCK>(amax), INV_FP8_MAX), MIN_SCALE);
   uint2* dst = reinterpret_cast<uint2*>(out + row * k);
   for (int i = threadIdx.x; i < vecs; i += BLOCK) {
     float f[8];

@@ -72,6 +72,16 @@ def test_zero_tiny_and_saturating_rows(quant, dtype):
     _assert_same_bits(quant[dtype].rows(x), x)
 
 
+def test_the_torch_definition_gives_the_same_bits_on_cpu_and_gpu():
+    """quantize_rows multiplies by 1/448 rather than dividing (torch turns a division by a scalar into
+    that product on a GPU only), so the definition the kernel matches holds on either device."""
+    x = _rows(256, 4096, torch.bfloat16, 11)
+    data, scale = quantize_rows(x)
+    cpu_data, cpu_scale = quantize_rows(x.cpu())
+    assert torch.equal(scale.cpu(), cpu_scale)
+    assert torch.equal(data.cpu().view(torch.uint8), cpu_data.view(torch.uint8))
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_rows_the_kernel_does_not_take_fall_back_to_torch(quant, dtype):
     """Odd widths, odd row strides and empty batches take the torch version (same results); a column
