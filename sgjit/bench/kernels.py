@@ -393,6 +393,46 @@ def bench_gemv(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
         torch.cuda.empty_cache()
 
 
+FP8_PREFILL_ROWS = (512, 4096)
+
+
+def bench_fp8_quant(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
+    """Prefill-sized FP8 products on the 8B layer weights, eager as prefill runs: the activations'
+    per-token e4m3 by fp8_quant.cu (one launch) against torch's `fp8.quantize_rows` (seven kernels),
+    scored in bytes over copy BW; then the whole FP8 linear (our quantize + torch._scaled_mm, the CUDA
+    linear op's path) against the same GEMM after torch's quantize (torch_us) and against bf16
+    `F.linear` ("vs bf16": time over its time; "torch TFLOP/s" is bf16's), in TFLOP/s."""
+    from sgjit.kernels.cuda.gemv import GemvLinear
+    from sgjit.kernels.fp8 import Fp8Weight, fp8_matmul_fits, linear_scaled_mm, quantize_rows
+
+    gemv = GemvLinear(BF16, "bfloat16", 0, 0)  # every row count to the GEMMs
+    for name, n, k in GEMV_WEIGHTS[:4]:
+        w = torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5
+        w8 = Fp8Weight.quantize(w)
+        for m in FP8_PREFILL_ROWS:
+            x = torch.randn(m, k, device=DEV, dtype=BF16)
+            ours = median_cuda_seconds(lambda x=x: gemv.quantize.rows(x))
+            ref = median_cuda_seconds(lambda x=x: quantize_rows(x))
+            row = _row("fp8 quantize (vs torch)", f"{name} in M={m} K={k}", ours, ref)
+            rows.append(_membound(row, m * k * 3 + m * 4, ours, ceil, 80))
+            if not fp8_matmul_fits(x, w8):
+                continue
+            ours = median_cuda_seconds(lambda x=x, w8=w8: gemv(x, w8))
+            peer = median_cuda_seconds(lambda x=x, w8=w8: linear_scaled_mm(x, w8))
+            bf16 = median_cuda_seconds(lambda x=x, w=w: F.linear(x, w))
+            flops = 2 * m * n * k
+            rows.append(
+                _row(
+                    "fp8 linear (vs torch quantize + same GEMM)", f"{name} M={m} {n}x{k}", ours, peer,
+                    **{"vs bf16": ours / bf16, "bf16_us": bf16 * 1e6, "TFLOP/s": flops / ours / 1e12,
+                       "torch TFLOP/s": flops / bf16 / 1e12, "target": "<= 0.625 of bf16 F.linear's time",
+                       "met": ours / bf16 <= 0.625},
+                )
+            )  # fmt: skip
+        del w, w8
+        torch.cuda.empty_cache()
+
+
 GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
 
 
@@ -569,6 +609,7 @@ def run(out: str | None, only: list[str] | None) -> dict[str, Any]:
         "sampling": lambda: bench_sampling(profile, ceil, rows),
         "gemv": lambda: bench_gemv(profile, ceil, rows),
         "gemv_tiles": lambda: bench_gemv_tiles(profile, ceil, rows, detail),
+        "fp8_quant": lambda: bench_fp8_quant(profile, ceil, rows),
         "fused": lambda: bench_fused(profile, ceil, rows, detail),
         "autotune": lambda: detail.__setitem__("autotune", autotune_report(profile, out)),
     }
@@ -614,7 +655,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--only",
         nargs="+",
-        help="sections: decode prefill elementwise sampling gemv gemv_tiles fused autotune",
+        help="sections: decode prefill elementwise sampling gemv gemv_tiles fp8_quant fused autotune",
     )
     ap.add_argument(
         "--profile", metavar="DIR",

@@ -8,12 +8,14 @@ run time (dynamic scales), so no calibration is needed.
 
 How a product runs: decode-sized batches go through sgjit's GEMV kernel (`gemv.cu`, fp8 widened in
 registers, fp32 sums); larger ones through cuBLASLt's FP8 GEMM (`torch._scaled_mm` with row-wise
-scales) on GPUs that have FP8 tensor cores (compute capability 8.9+); `linear_reference` (fp32 math
-on the dequantized weight) is the check for both and what runs on the CPU."""
+scales, the activations quantized in one launch by fp8_quant.cu) on GPUs that have FP8 tensor cores
+(compute capability 8.9+); `linear_reference` (fp32 math on the dequantized weight) is the check for
+both and what runs on the CPU."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,10 +96,16 @@ def dequantize_blocks(
     return (data.float() * scale).to(dtype)
 
 
+QuantizeRows = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token e4m3 of activations [M, K]: (data, float32 scales [M, 1])."""
+    """Dynamic per-token e4m3 of activations [M, K]: (data, float32 scales [M, 1]). The definition:
+    the CUDA kernel (fp8_quant.cu) gives these bits in one launch. The amax is multiplied by the
+    float32 reciprocal of 448, which is what torch's division by a scalar does on a GPU (and not on a
+    CPU), so the bits are the same on every device."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=_TINY)
+    scale = (xf.abs().amax(dim=1, keepdim=True) * (1.0 / FP8_MAX)).clamp(min=_TINY)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -116,11 +124,14 @@ def scaled_mm_available(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9) and hasattr(torch, "_scaled_mm")
 
 
-def linear_scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """A batch of tokens times the FP8 weight on FP8 tensor cores: activations quantized per token,
-    cuBLASLt scales rows by the token scale and columns by the channel scale in its epilogue."""
+def linear_scaled_mm(
+    x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None, quantize: QuantizeRows = quantize_rows
+) -> torch.Tensor:
+    """A batch of tokens times the FP8 weight on FP8 tensor cores: activations quantized per token
+    (`quantize`: this torch version, or the CUDA op's one-launch kernel with the same bits), cuBLASLt
+    scales rows by the token scale and columns by the channel scale in its epilogue."""
     lead, k = x.shape[:-1], x.shape[-1]
-    xq, sx = quantize_rows(x.reshape(-1, k))
+    xq, sx = quantize(x.reshape(-1, k))
     y = torch._scaled_mm(xq, w.data.t(), scale_a=sx, scale_b=w.scale[None, :], out_dtype=x.dtype)
     if bias is not None:
         y = y + bias

@@ -23,6 +23,7 @@ from sgjit.kernels.cuda.activation import silu_mul_name
 from sgjit.kernels.cuda.attention import attention_name, merge_name
 from sgjit.kernels.cuda.attention_sm90 import attention_sm90_name
 from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
+from sgjit.kernels.cuda.fp8_quant import quantize_rows_name
 from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
 from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
@@ -98,6 +99,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
             for b in fused_buckets
             if kernel == ROPE or kv == dt
         ],
+        "fp8_quant": [quantize_rows_name(dt) for dt in dtypes],
         # every rows bucket at SmolLM2's heads (the model it is for), the other recorded heads at 1 and 8
         "megakernel": sorted(
             {megakernel_name(dt, b, 64, 3) for dt in dtypes for b in MEGAKERNEL_ROW_CHOICES}

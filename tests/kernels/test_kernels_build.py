@@ -24,6 +24,7 @@ def test_every_family_has_instantiations():
     inst = instantiations()
     assert set(inst) == set(FAMILIES) == {
         "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv", "megakernel",
+        "fp8_quant",
     }  # fmt: skip
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])

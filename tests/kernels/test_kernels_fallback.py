@@ -200,3 +200,20 @@ def test_missing_cupy_keeps_the_grouped_moe_op(monkeypatch):
     assert isinstance(ops.moe_experts, GuardedOp) and ops.moe_experts.fn is moe_experts_grouped
     assert ops.moe_experts.kernel == "torch grouped_mm:moe_experts"
     assert ops.attention is reference.attention
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_quantize_takes_torch_for_what_the_kernel_does_not(fake_cupy, dtype):
+    """Rows on the CPU or of another dtype get `fp8.quantize_rows`' own result (the kernel's
+    definition), as do empty batches: odd widths, one row, a zero row."""
+    from sgjit.kernels.cuda.fp8_quant import Fp8Quantize
+    from sgjit.kernels.fp8 import quantize_rows
+
+    q = Fp8Quantize(dtype, "bfloat16" if dtype == torch.bfloat16 else "float16")
+    x = torch.randn(5, 37) * torch.logspace(-4, 2, 5)[:, None]
+    x[2] = 0
+    for rows in (x.to(dtype), x.to(dtype)[:1], x, torch.empty(0, 16, dtype=dtype)):
+        data, scale = q.rows(rows)
+        ref_data, ref_scale = quantize_rows(rows)
+        assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+        assert torch.equal(scale, ref_scale) and scale.shape == (rows.shape[0], 1)

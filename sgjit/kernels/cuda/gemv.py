@@ -1,5 +1,6 @@
 """The linear op on the GPU (gemv.cu): sgjit's GEMV for decode-sized batches, cuBLAS (bf16/fp16
-weights) or cuBLASLt's FP8 GEMM (`Fp8Weight`) for the rest.
+weights) or cuBLASLt's FP8 GEMM (`Fp8Weight`, the activations quantized per token in one launch by
+fp8_quant.cu) for the rest.
 
 The selector sets how many rows go to the GEMV for each weight kind (`dense_rows`, `fp8_rows`; 0 =
 never): up to there it streams the weight once at close to copy bandwidth, past it the tensor-core
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sgjit.kernels.cuda.fp8_quant import Fp8Quantize
 from sgjit.kernels.cuda.module import compile_kernels, launch, ptr
 from sgjit.kernels.fp8 import Fp8Weight, fp8_matmul_fits, linear_reference, linear_scaled_mm
 from sgjit.kernels.sources import CPP_TYPES
@@ -98,6 +100,7 @@ class GemvLinear:
                     names[(kind, b)] = gemv_name(dtype_name, kind, b, *tiles[b])
         compiled = compile_kernels("gemv", sorted(set(names.values()))) if names else {}
         self._kernels = {key: compiled[n] for key, n in names.items()}
+        self.quantize = Fp8Quantize(dtype, dtype_name)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None):
         fp8 = isinstance(weight, Fp8Weight)
@@ -107,7 +110,7 @@ class GemvLinear:
         if not fp8:
             return F.linear(x, weight, bias)
         return (
-            linear_scaled_mm(x, weight, bias)
+            linear_scaled_mm(x, weight, bias, self.quantize.rows)
             if fp8_matmul_fits(x, weight)
             else linear_reference(x, weight, bias)
         )
