@@ -38,6 +38,7 @@ DECODE_ROWS, DECODE_CTX, PREFILL_TOKENS = 64, 4096, 4096
 NSYS_REPEATS = 5
 NCU_TIMEOUT_S, NSYS_TIMEOUT_S = 60, 30  # a GPU session's command has minutes, not hours
 NCU_KERNELS = "regex:stream_decode|attention"  # the decode and prefill kernels, not the merges
+CASES = ("decode bf16", "decode fp8", "prefill bf16")  # what _cases() builds, in its order
 
 # What the summary reads from ncu's raw page (Hopper / Ampere metric names); a metric a tool version
 # lacks is left out.
@@ -49,6 +50,7 @@ NCU_METRICS = {
     "sm_pct_peak": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "tensor_gmma_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "smem_pct": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed",
     "smem_bank_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
     "regs": "launch__registers_per_thread",
@@ -77,9 +79,9 @@ def _cases() -> dict[str, tuple[Any, Any, dict[str, float]]]:
     profile = device_profile(DEV)
     out = {}
     specs = (
-        ("decode bf16", "bfloat16", [1] * DECODE_ROWS, [DECODE_CTX] * DECODE_ROWS),
-        ("decode fp8", "fp8_e4m3", [1] * DECODE_ROWS, [DECODE_CTX] * DECODE_ROWS),
-        ("prefill bf16", "bfloat16", [PREFILL_TOKENS], [PREFILL_TOKENS]),
+        (CASES[0], "bfloat16", [1] * DECODE_ROWS, [DECODE_CTX] * DECODE_ROWS),
+        (CASES[1], "fp8_e4m3", [1] * DECODE_ROWS, [DECODE_CTX] * DECODE_ROWS),
+        (CASES[2], "bfloat16", [PREFILL_TOKENS], [PREFILL_TOKENS]),
     )
     for name, kv, q_lens, kv_lens in specs:
         shapes = ModelShapes("bfloat16", kv, 4096, 14336, HQ, HKV, D, D, 128256, PAGE)
@@ -111,7 +113,8 @@ def _cases() -> dict[str, tuple[Any, Any, dict[str, float]]]:
     return out
 
 
-def run_workload(out_dir: Path, repeats: int) -> None:
+def run_workload(out_dir: Path, repeats: int, only: str | None = None) -> None:
+    """Every case (or only the case `only`) `repeats` times inside the profiled range."""
     cases = _cases()
     scale = D**-0.5
     for op, case, _ in cases.values():  # compile, warm up, fill caches outside the profiled range
@@ -122,6 +125,8 @@ def run_workload(out_dir: Path, repeats: int) -> None:
     torch.cuda.profiler.start()
     for _ in range(repeats):
         for name, (op, case, _) in cases.items():
+            if only is not None and name != only:
+                continue
             torch.cuda.nvtx.range_push(name)
             op(case.q, case.kv, case.meta, scale)
             torch.cuda.nvtx.range_pop()
@@ -141,8 +146,8 @@ def _tool(cmd: list[str], out_dir: Path, log_name: str, timeout: float) -> tuple
     return proc.returncode == 0, text[-1500:]
 
 
-def _workload_cmd(out_dir: Path, repeats: int) -> list[str]:
-    return [
+def _workload_cmd(out_dir: Path, repeats: int, only: str | None = None) -> list[str]:
+    cmd = [
         sys.executable,
         "-m",
         "sgjit.bench.kernel_profile",
@@ -151,6 +156,7 @@ def _workload_cmd(out_dir: Path, repeats: int) -> list[str]:
         "--repeats",
         str(repeats),
     ]
+    return cmd + (["--case", only] if only else [])
 
 
 def _nsys(out_dir: Path) -> dict[str, Any]:
@@ -180,34 +186,40 @@ def _nsys(out_dir: Path) -> dict[str, Any]:
 
 
 def _ncu(out_dir: Path) -> dict[str, Any]:
+    """One ncu run a case, so each launch is told by the run it came from: the mma.sync kernel serves
+    both decode and prefill, and a kernel's name cannot say which case launched it."""
     ncu = shutil.which("ncu")
     if ncu is None:
         return {"ok": False, "note": "ncu is not installed here"}
-    rep = out_dir / "kernels"
-    ok, tail = _tool(
-        [ncu, "--profile-from-start", "off", "--kernel-name", NCU_KERNELS, "--set", "full", "-f", "-o", str(rep),
-         *_workload_cmd(out_dir, 1)],
-        out_dir, "ncu.log", NCU_TIMEOUT_S,
-    )  # fmt: skip
-    if not ok:
-        return {
-            "ok": False,
-            "note": "ncu failed (ERR_NVGPUCTRPERM means no access to the counters)",
-            "tail": tail,
-        }
-    done, text = _capture([ncu, "--import", f"{rep}.ncu-rep", "--csv", "--page", "raw"])
-    rows = _csv_rows(text, '"ID"', units_row=True)
-    if not done or not rows:
-        return {"ok": False, "note": "ncu --import gave no rows", "report": f"{rep}.ncu-rep"}
-    (out_dir / "ncu_raw.csv").write_text(text)
-    work = json.loads((out_dir / "workload.json").read_text())  # written by the workload run
-    return {"ok": True, "report": f"{rep}.ncu-rep", "kernels": [_ncu_kernel(r, work) for r in rows]}
+    kernels, texts = [], []
+    for case in CASES:
+        rep = out_dir / f"kernels-{case.replace(' ', '-')}"
+        ok, tail = _tool(
+            [ncu, "--profile-from-start", "off", "--kernel-name", NCU_KERNELS, "--set", "full", "-f", "-o",
+             str(rep), *_workload_cmd(out_dir, 1, case)],
+            out_dir, f"ncu-{case.replace(' ', '-')}.log", NCU_TIMEOUT_S,
+        )  # fmt: skip
+        if not ok:
+            return {
+                "ok": False,
+                "note": f"ncu failed on {case} (ERR_NVGPUCTRPERM means no access to the counters)",
+                "tail": tail,
+            }
+        done, text = _capture([ncu, "--import", f"{rep}.ncu-rep", "--csv", "--page", "raw"])
+        rows = _csv_rows(text, '"ID"', units_row=True)
+        if not done or not rows:
+            return {"ok": False, "note": f"ncu --import gave no rows for {case}", "report": f"{rep}.ncu-rep"}
+        texts.append(text)
+        work = json.loads((out_dir / "workload.json").read_text())  # written by the workload run
+        kernels += [_ncu_kernel(r, case, work.get(case, {})) for r in rows]
+    (out_dir / "ncu_raw.csv").write_text("\n".join(texts))
+    return {"ok": True, "report": str(out_dir / "kernels-<case>.ncu-rep"), "kernels": kernels}
 
 
-def _ncu_kernel(row: dict[str, tuple[str, str]], work: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """One launch's figures; the case it belongs to is told by the kernel's name."""
+def _ncu_kernel(row: dict[str, tuple[str, str]], case: str, work: dict[str, float]) -> dict[str, Any]:
+    """One launch's figures, and its case's own rate (the main kernel's, not a merge's)."""
     name = row.get("Kernel Name", ("", ""))[0]
-    k: dict[str, Any] = {"name": _short(name)}
+    k: dict[str, Any] = {"name": _short(name), "case": case}
     for key, metric in NCU_METRICS.items():
         if metric in row:
             value, unit = row[metric]
@@ -218,23 +230,12 @@ def _ncu_kernel(row: dict[str, tuple[str, str]], work: dict[str, dict[str, float
     t = k.get("time_us")
     if t and "dram_read" in k:
         k["dram_gbps"] = (k["dram_read"] + k.get("dram_write", 0.0)) / t / 1e3
-    case = _case_of(name)
-    if case and t:
-        k["case"] = case
-        w = work.get(case, {})
-        if "bytes" in w and "merge" not in name:
-            k["kv_gbps"] = w["bytes"] / t / 1e3
-        if "flops" in w and "merge" not in name:
-            k["tflops"] = w["flops"] / t / 1e6
+    if t and "merge" not in name:
+        if "bytes" in work:
+            k["kv_gbps"] = work["bytes"] / t / 1e3
+        if "flops" in work:
+            k["tflops"] = work["flops"] / t / 1e6
     return k
-
-
-def _case_of(kernel: str) -> str | None:
-    if "stream_decode" in kernel or "stream_merge" in kernel:
-        return "decode fp8" if "fp8" in kernel else "decode bf16"
-    if "attention" in kernel or "merge_splits" in kernel:
-        return "prefill bf16"
-    return None
 
 
 def _capture(cmd: list[str]) -> tuple[bool, str]:
@@ -284,7 +285,7 @@ def summary_text(result: dict[str, Any]) -> str:
     ncu = result["ncu"]
     if ncu["ok"]:
         lines.append(
-            "ncu: case | kernel | us | DRAM GB/s (% peak) | K/V GB/s or TFLOP/s | tensor % | smem % | "
+            "ncu: case | kernel | us | DRAM GB/s (% peak) | K/V GB/s or TFLOP/s | tensor % | issue % | smem % | "
             "regs | occupancy achieved/theoretical % | grid x block, smem/block"
         )
         for k in ncu["kernels"]:
@@ -294,7 +295,7 @@ def summary_text(result: dict[str, Any]) -> str:
             tensor = k.get("tensor_pct") or k.get("tensor_gmma_pct")
             lines.append(
                 f"  {k.get('case', '-')} | {k['name'][:80]} | {_fmt(k.get('time_us'), 1)} | "
-                f"{_fmt(k.get('dram_gbps'))} ({_fmt(k.get('dram_pct_peak'))}) | {rate} | {_fmt(tensor, 1)} | "
+                f"{_fmt(k.get('dram_gbps'))} ({_fmt(k.get('dram_pct_peak'))}) | {rate} | {_fmt(tensor, 1)} | {_fmt(k.get('issue_pct'), 1)} | "
                 f"{_fmt(k.get('smem_pct'), 1)} | {_fmt(k.get('regs'))} | {_fmt(k.get('occupancy_achieved_pct'), 1)}"
                 f"/{_fmt(k.get('occupancy_theoretical_pct'), 1)} | {_fmt(k.get('grid'))} x {_fmt(k.get('block'))}, "
                 f"{_fmt(k.get('smem_per_block'))} B"
@@ -330,13 +331,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--workload", metavar="DIR", help="run the profiled cases (what the tools launch)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--case", choices=CASES, help="with --workload: only this case in the profiled range")
     ap.add_argument("--profile", metavar="DIR", help="run nsys and ncu over the workload, summarise into DIR")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     if not torch.cuda.is_available():
         raise SystemExit("python -m sgjit.bench.kernel_profile needs a CUDA GPU")
     if args.workload:
-        run_workload(Path(args.workload), args.repeats)
+        run_workload(Path(args.workload), args.repeats, args.case)
     elif args.profile:
         profile(args.profile)
     else:
