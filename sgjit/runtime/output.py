@@ -50,6 +50,15 @@ class OutputProcessor:
             return
         if u.input_logprobs is not None:
             self._record_input_logprobs(req, *u.input_logprobs)
+        if not u.tokens:
+            return
+        if u.output_logprobs is None and not req.params.stop and not req.params.stop_regex:
+            # nothing to find between the tokens: one decode for the whole launch (a multi-step launch
+            # hands 8 tokens a row), and one update
+            req.detokenizer.push(u.tokens)
+            if u.ends is None:
+                self.stream(req)
+            return
         last = len(u.tokens) - 1
         for k, tok in enumerate(u.tokens):
             if u.output_logprobs is not None:

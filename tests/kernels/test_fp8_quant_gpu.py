@@ -130,4 +130,5 @@ def test_fp8_linear_on_the_kernel_equals_torch_quantize_then_the_same_gemm(dtype
     for m in (5, 512, 1000):
         x = _rows(m, 4096, dtype, m).reshape(1, m, 4096)
         for b in (None, bias):
-            assert torch.equal(op(x, w, b), linear_scaled_mm(x, w, b))
+            # bit for bit; fp16 rows of dtype-max values overflow the GEMM to inf/NaN in both alike
+            torch.testing.assert_close(op(x, w, b), linear_scaled_mm(x, w, b), rtol=0, atol=0, equal_nan=True)
