@@ -336,16 +336,19 @@ constexpr int SCHED_PINGPONG = 2;
 // within the CTA's own allocation: the CTA starts with LAUNCH_REGS a thread (65536 / 384 rounded down
 // to a multiple of 8 = 168, which ptxas gives every instantiation under these launch bounds;
 // Sm90Prefill checks it), the producer's .dec puts 128 * (168 - PRODUCER) into the CTA's pool, and
-// each consumer warp's .inc spins until it can take 32 * (CONSUMER - 168) from it. A split
-// the pool cannot cover leaves a consumer warp in setmaxnreg.inc forever (80 / 216 did: 11264
-// released, 12288 asked). The producer's code uses 56 registers (SASS, D = 128): 56 / 224 uses the
-// whole pool, for the overlapped schedules, which hold the next tile's scores while this tile's P
-// is still read by its P V; the serial schedules keep the 72 / 216 they were measured with. ptxas holds each role's code to its count (it spills past it).
+// each consumer warp's .inc spins until it can take 32 * (CONSUMER - 168) from it. A split the pool
+// cannot cover leaves a consumer warp in setmaxnreg.inc forever (80 / 216 did: 11264 released,
+// 12288 asked). ptxas holds each role's code to its count (it spills past it). The producer's code
+// fits 56 registers at D = 128 (not at D = 64, whose copy loop unrolls over more rows): 56 / 224 uses
+// the whole pool, for the overlapped schedules at D = 128, which hold the next tile's scores, O and
+// this tile's P (read by its P V in flight) at once; the serial schedules keep the 72 / 216 they
+// were measured with, and so does D = 64.
 constexpr int SM90_THREADS = 384;
 constexpr int LAUNCH_REGS = 65536 / SM90_THREADS / 8 * 8;
-template <int SCHEDULE> struct RegSplit {
-  static constexpr int PRODUCER = (SCHEDULE & SCHED_OVERLAP) ? 56 : 72;
-  static constexpr int CONSUMER = (SCHEDULE & SCHED_OVERLAP) ? 224 : 216;
+template <int SCHEDULE, int D> struct RegSplit {
+  static constexpr bool WIDE = (SCHEDULE & SCHED_OVERLAP) && D == 128;
+  static constexpr int PRODUCER = WIDE ? 56 : 72;
+  static constexpr int CONSUMER = WIDE ? 224 : 216;
   static_assert(128 * PRODUCER + 256 * CONSUMER <= SM90_THREADS * LAUNCH_REGS,
                 "setmaxnreg split larger than the CTA's registers: consumers would wait forever");
 };
@@ -423,7 +426,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
   if (wg == 0) {
     // ---- producer: K and V tiles of the row's pages -> the ring ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE>::PRODUCER));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::PRODUCER));
     const int* pages = page_table + (i64)row * pt_stride;
     const int part = lt % CPR, tok0 = lt / CPR, lane = lt % 32;
     for (int t = 0; t < num_tiles; ++t) {
@@ -461,7 +464,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   }
 
   // ---- consumers: warpgroup cw owns packed rows cw * 64 .. cw * 64 + 63 ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE>::CONSUMER));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::CONSUMER));
   const int cw = wg - 1, warp = lt / 32, lane = lt % 32;
 
   // Q rows -> shared (zero past the row's queries), visible to the async proxy before any MMA.
