@@ -24,7 +24,7 @@ from sgjit.bench.report import environment, markdown_table, write_json
 from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile, arch_hash, device_profile
 from sgjit.kernels.ops import LayerKV, SamplingTensors
-from sgjit.kernels.registry import CUDA, SM90_CC, AttnTile, variant
+from sgjit.kernels.registry import CUDA, SM90_CC, SM90_PREFILL_TILES, SM90_SCHEDULES, AttnTile, variant
 from sgjit.kernels.selector import AutotuneStore, KernelSelector, stream_tile_for
 from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
 from sgjit.kernels.synthetic import paged_attention_case
@@ -182,8 +182,9 @@ def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
 
 def bench_prefill(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
     """Causal self-attention of one T-token row, 32 q / 8 kv heads, d=128, bf16: every prefill tile
-    (mma.sync, and on compute capability 9.0 the warpgroup-MMA kernel's) on the paged pool vs torch
-    SDPA (flash) on contiguous K/V; then a 4096-token chunk over a 12288-token paged prefix, scored
+    (mma.sync, and on compute capability 9.0 the warpgroup-MMA kernel's, every geometry with every
+    consumer schedule, a row for the fastest of each schedule) on the paged pool vs torch SDPA
+    (flash) on contiguous K/V; then a 4096-token chunk over a 12288-token paged prefix, scored
     against the same kernel's fresh T=16384 rate."""
     fresh = {}
     for t_len in (4096, 16384):
@@ -242,7 +243,13 @@ def _prefill_one(
     torch_best = min(torch_times.values())
     best = min(times, key=times.get)
     chosen = _selected_prefill(profile)
-    for label, name in (("selected", chosen), ("best config", best)):
+    labelled = [("selected", chosen), ("best config", best)]
+    if profile.compute_capability == SM90_CC:  # the fastest geometry of each sm_90 consumer schedule
+        for schedule in SM90_SCHEDULES:
+            ran = [t.name for t in SM90_PREFILL_TILES if t.schedule == schedule and t.name in times]
+            if ran:
+                labelled.append((f"sm_90 schedule {schedule}", min(ran, key=times.get)))
+    for label, name in labelled:
         if name not in times:
             continue
         t = times[name]

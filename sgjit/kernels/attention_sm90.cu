@@ -17,7 +17,10 @@
 // at a stride and pages are not contiguous: the producer copies them with 16-byte cp.async, each
 // row's page looked up in the page table, and the copies' completion arrives on the stage's
 // mbarrier (cp.async.mbarrier.arrive.noinc). K and V of a stage have separate barriers, so
-// Q K^T starts before V lands. Consumers release a stage once their MMAs on it are done.
+// Q K^T starts before V lands, and consumers release K and V once their MMAs on them are done.
+// How the consumers order their GEMMs and softmax is the SCHEDULE (below): serial, or FA-3's
+// overlap of one tile's softmax with the next tile's GEMMs, within a warpgroup and/or between
+// the two warpgroups (ping-pong).
 //
 // Splits of a row's keys (few long rows) write partial O and lse like attention.cu and are merged
 // by its merge_splits_kernel.
@@ -159,7 +162,10 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
   return done != 0;
 }
 // What a thread waits for, named by the watchdog.
-enum WaitSite { WAIT_EMPTY = 0, WAIT_FULL_K = 1, WAIT_FULL_V = 2 };
+enum WaitSite { WAIT_EMPTY_K = 0, WAIT_EMPTY_V = 1, WAIT_FULL_K = 2, WAIT_FULL_V = 3 };
+__device__ __forceinline__ const char* wait_site_name(WaitSite site) {
+  return site == WAIT_EMPTY_K ? "empty_k" : site == WAIT_EMPTY_V ? "empty_v" : site == WAIT_FULL_K ? "full_k" : "full_v";
+}
 __device__ __forceinline__ u64 globaltimer_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
@@ -176,7 +182,7 @@ __device__ __forceinline__ void mbar_wait(u32 bar, int parity, WaitSite site, in
       if (threadIdx.x % 32 == 0) {
         printf("sgjit sm90 watchdog: block (%d,%d,%d) warp %d waited %d ms on %s of tile %d (parity %d)\n",
                blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x / 32, (int)(SGJIT_SM90_WATCHDOG),
-               site == WAIT_EMPTY ? "empty" : site == WAIT_FULL_K ? "full_k" : "full_v", tile, parity);
+               wait_site_name(site), tile, parity);
       }
       __trap();
     }
@@ -188,26 +194,167 @@ __device__ __forceinline__ void mbar_wait(u32 bar, int parity, WaitSite site, in
 #endif
   __syncwarp();  // the warp leaves the spin together: the wgmma that follows is .aligned
 }
-// Barrier among the 128 threads of one warpgroup (ids 1.. leave 0 to __syncthreads).
-__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+// Named barriers (0 is __syncthreads): 1 and 2 order each consumer warpgroup's Q copy before its
+// MMAs; 3 + w is consumer warpgroup w's turn to issue GEMMs (SCHED_PINGPONG), 128 threads of w
+// waiting and 128 of the other warpgroup arriving.
+constexpr int BAR_Q = 1;
+constexpr int BAR_TURN = 3;
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The two consumer warpgroups' turns at the tensor cores, strictly alternating and starting with
+// warpgroup 0; both take the same number of turns. Every wait is matched by one arrival of the
+// other warpgroup: warpgroup 1 lets warpgroup 0 start (at construction) and, after each of its
+// turns but the last, lets it go again; warpgroup 0 lets warpgroup 1 go after each of its turns.
+// Nothing is left arrived at the end. With ON false every call is empty.
+template <bool ON> struct Turns {
+  int cw, left;
+  __device__ __forceinline__ Turns(int cw_, int turns) : cw(cw_), left(turns) {
+    if (ON && cw == 1 && left > 0) named_arrive(BAR_TURN + 0, 256);
+  }
+  __device__ __forceinline__ void begin() {
+    if (ON) named_sync(BAR_TURN + cw, 256);
+  }
+  __device__ __forceinline__ void end() {
+    if (ON) {
+      --left;
+      if (cw == 0 || left > 0) named_arrive(BAR_TURN + 1 - cw, 256);
+    }
+  }
+};
+
+// 2^x by the MUFU unit (ex2.approx.ftz: subnormal results flush to 0, exp2(-inf) = 0); exp2f adds
+// a range check and two multiplies a call, in the loop the softmax is bound by.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Lane 0 of each warp arrives once the whole warp is done with a stage's tile.
+__device__ __forceinline__ void release(u32 bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+// S (64 x BN, the accumulator layout) = the warpgroup's 64 Q rows x the K tile, both from shared.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void issue_qk(float* sacc, u32 q_rows, u32 sk) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const u32 koff = (kk % 4) * 32u;  // k16 step within a 128-byte row: 32 bytes
+    const u64 da = sw128_desc(q_rows + (kk / 4) * (128 * 128) + koff, 16, 1024);
+    const u64 db = sw128_desc(sk + (kk / 4) * (BN * 128) + koff, 16, 1024);
+    wgmma_ss<T, BN>(sacc, da, db, kk > 0);
+  }
+}
+
+// O += P V: P from registers (k16 step j = the n8 blocks 2j, 2j+1 of S), V from shared.
+template <typename T, int D, int BN>
+__device__ __forceinline__ void issue_pv(float* o, const u32 (*p)[4], u32 sv) {
+#pragma unroll
+  for (int j = 0; j < BN / 16; ++j) {
+    // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
+    wgmma_rs<T, D>(o, p[j], sw128_desc(sv + j * 2048, BN * 128, 1024), 1);
+  }
+}
+
+// Masks a tile's scores (keys past kv_end, or past the row's query position), folds them into the
+// running max and sum (log2 domain, scaled), and leaves the probabilities in sacc; corr is the
+// factor the running output must be scaled by before this tile's P V is added.
+template <int BN>
+__device__ __forceinline__ void online_softmax(float* sacc, float* m_run, float* l_run, float* corr,
+                                               bool need_mask, int tile0, int kv_end, const int* qpos,
+                                               int lane, float scale_log2) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = sacc[nb * 4 + hf * 2 + e];
+        if (need_mask) {
+          const int j = tile0 + nb * 8 + 2 * (lane % 4) + e;
+          if (j >= kv_end || j > qpos[hf]) x = -INFINITY;
+        }
+        sacc[nb * 4 + hf * 2 + e] = x;
+        mx = fmaxf(mx, x);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[hf], mx * scale_log2);  // scale_log2 > 0: the max commutes
+    const float mb = m_new == -INFINITY ? 0.f : m_new;
+    corr[hf] = fast_exp2(m_run[hf] - mb);
+    float rs = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = fast_exp2(fmaf(sacc[nb * 4 + hf * 2 + e], scale_log2, -mb));
+        sacc[nb * 4 + hf * 2 + e] = p;
+        rs += p;
+      }
+    }
+    l_run[hf] = l_run[hf] * corr[hf] + rs;
+    m_run[hf] = m_new;
+  }
+}
+
+template <int D> __device__ __forceinline__ void rescale(float* o, const float* corr) {
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i % 4) / 2];
+}
+
+// P in T, already in the A-fragment layout of the P V product.
+template <typename T, int BN> __device__ __forceinline__ void pack_p(u32 (*p)[4], const float* sacc) {
+#pragma unroll
+  for (int j = 0; j < BN / 16; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[j][i] = pack2<T>(sacc[8 * j + 2 * i], sacc[8 * j + 2 * i + 1]);
+  }
+}
+
+
+// Consumer schedules (the kernel's SCHEDULE, a set of these bits; Sm90Tile.schedule in the glue).
+// 0: each warpgroup runs S = Q K^T, softmax, O += P V of a tile back to back, waiting on each GEMM.
+// SCHED_OVERLAP: S of tile j+1 and P V of tile j are issued together and the softmax of tile j+1
+// runs while P V is in flight (a second score accumulator; the rescale of O waits for P V).
+// SCHED_PINGPONG: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
+// one's softmax runs while the tensor cores serve the other's GEMMs.
+constexpr int SCHED_OVERLAP = 1;
+constexpr int SCHED_PINGPONG = 2;
 
 }  // namespace sgjit
 
 // Registers a thread of each role gets after the split (setmaxnreg). setmaxnreg only moves registers
 // within the CTA's own allocation: the CTA starts with LAUNCH_REGS a thread (65536 / 384 rounded down
 // to a multiple of 8 = 168, which ptxas gives every instantiation under these launch bounds;
-// Sm90Prefill checks it), the producer's .dec puts 128 * (168 - PRODUCER_REGS) into the CTA's pool,
-// and each consumer warp's .inc spins until it can take 32 * (CONSUMER_REGS - 168) from it. A split
-// the pool cannot cover leaves a consumer warp in setmaxnreg.inc forever (80 / 216 did: 11264
-// released, 12288 asked). The producer's code uses 56 registers (SASS, D = 128).
+// Sm90Prefill checks it), the producer's .dec puts 128 * (168 - PRODUCER) into the CTA's pool, and
+// each consumer warp's .inc spins until it can take 32 * (CONSUMER - 168) from it. A split the pool
+// cannot cover leaves a consumer warp in setmaxnreg.inc forever (80 / 216 did: 11264 released,
+// 12288 asked). ptxas holds each role's code to its count (it spills past it). The producer's code
+// fits 56 registers at D = 128 (not at D = 64, whose copy loop unrolls over more rows): 56 / 224 uses
+// the whole pool, for the overlapped schedules at D = 128, which hold the next tile's scores, O and
+// this tile's P (read by its P V in flight) at once; the serial schedules keep the 72 / 216 they
+// were measured with, and so does D = 64.
 constexpr int SM90_THREADS = 384;
 constexpr int LAUNCH_REGS = 65536 / SM90_THREADS / 8 * 8;
-constexpr int PRODUCER_REGS = 72;
-constexpr int CONSUMER_REGS = 216;
-static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= SM90_THREADS * LAUNCH_REGS,
-              "setmaxnreg split larger than the CTA's registers: consumers would wait forever");
+template <int SCHEDULE, int D> struct RegSplit {
+  static constexpr bool WIDE = (SCHEDULE & SCHED_OVERLAP) && D == 128;
+  static constexpr int PRODUCER = WIDE ? 56 : 72;
+  static constexpr int CONSUMER = WIDE ? 224 : 216;
+  static_assert(128 * PRODUCER + 256 * CONSUMER <= SM90_THREADS * LAUNCH_REGS,
+                "setmaxnreg split larger than the CTA's registers: consumers would wait forever");
+};
 
-template <typename T, int D, int G, int PAGE, int BN, int STAGES>
+
+template <typename T, int D, int G, int PAGE, int BN, int STAGES, int SCHEDULE>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     attention_sm90_kernel(const T* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,
                           const T* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
@@ -217,16 +364,18 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                           float scale_log2) {
   constexpr int BM = 128;                  // packed rows per CTA: 64 per consumer warpgroup
   constexpr int CPR = D / 8;               // 16-byte chunks per row
-  constexpr int KSTEPS = D / 16;           // k16 steps of S = Q K^T
   constexpr int PSTEPS = BN / 16;          // k16 steps of O += P V
   constexpr int ROWS_PER_PASS = 128 / CPR; // rows the producer warpgroup copies at once
   constexpr u32 Q_BYTES = BM * D * 2;
   constexpr u32 TILE_BYTES = BN * D * 2;
   constexpr int TILE_PAGES = BN / PAGE > 1 ? BN / PAGE : 1;  // pages one key tile spans
+  constexpr bool OVERLAP = (SCHEDULE & SCHED_OVERLAP) != 0;
+  constexpr bool PINGPONG = (SCHEDULE & SCHED_PINGPONG) != 0;
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "64 or 128 keys a tile");
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert((PAGE & (PAGE - 1)) == 0 && TILE_PAGES <= 32, "page size a power of two, >= BN / 32");
+  static_assert(SCHEDULE >= 0 && SCHEDULE <= (SCHED_OVERLAP | SCHED_PINGPONG), "unknown schedule");
 
   extern __shared__ unsigned char smem_raw[];
   const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
@@ -235,7 +384,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   const u32 bars = sring + STAGES * 2 * TILE_BYTES;
   auto full_k = [&](int s) { return bars + 8u * s; };
   auto full_v = [&](int s) { return bars + 8u * (STAGES + s); };
-  auto empty = [&](int s) { return bars + 8u * (2 * STAGES + s); };
+  auto empty_k = [&](int s) { return bars + 8u * (2 * STAGES + s); };
+  auto empty_v = [&](int s) { return bars + 8u * (3 * STAGES + s); };
 
   const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128;
   const int item = item_base + blockIdx.y;
@@ -263,8 +413,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       mbar_init(full_k(s), 128);
       mbar_init(full_v(s), 128);
       // One arrival per consumer warp for every tile, also from a warpgroup whose rows skip it
-      // (causal, or no rows at all): the producer waits for all 8 before refilling the stage.
-      mbar_init(empty(s), 8);
+      // (causal, or no rows at all): the producer waits for all 8 before refilling K (V) of the
+      // stage. A warp arrives for a tile only after waiting for that tile's full barrier, which
+      // completes only once the producer saw the stage's previous phase complete: an early
+      // warp cannot complete a phase for a late one.
+      mbar_init(empty_k(s), 8);
+      mbar_init(empty_v(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -272,20 +426,25 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
   if (wg == 0) {
     // ---- producer: K and V tiles of the row's pages -> the ring ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::PRODUCER));
     const int* pages = page_table + (i64)row * pt_stride;
     const int part = lt % CPR, tok0 = lt / CPR, lane = lt % 32;
     for (int t = 0; t < num_tiles; ++t) {
-      const int s = t % STAGES;
+      const int s = t % STAGES, empty_parity = ((t / STAGES) + 1) & 1;
       const int tile0 = kv_begin + t * BN;
       // The tile's pages (tile0 is a multiple of BN, so it spans max(1, BN / PAGE) of them), one
       // lane each, looked up before the stage frees up; each copy takes its page by shuffle.
       const int first_page = tile0 / PAGE;
       const int lane_page =
           lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop ? pages[first_page + lane] : 0;
-      if (t >= STAGES) mbar_wait(empty(s), ((t / STAGES) + 1) & 1, WAIT_EMPTY, t);
 #pragma unroll
       for (int kv = 0; kv < 2; ++kv) {
+        // The overlapped schedule frees K (after Q K^T) a softmax before V (after P V), and each is
+        // refilled once freed. The serial ones free both at once and the producer waits for both
+        // before K: a warpgroup that skips a tile arrives after waiting for its K alone, so its
+        // arrival must not count towards V's previous phase.
+        if (t >= STAGES && kv == 0) mbar_wait(empty_k(s), empty_parity, WAIT_EMPTY_K, t);
+        if (t >= STAGES && kv == (OVERLAP ? 1 : 0)) mbar_wait(empty_v(s), empty_parity, WAIT_EMPTY_V, t);
         const T* cache = kv == 0 ? k_cache : v_cache;
         const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
 #pragma unroll 8
@@ -305,7 +464,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   }
 
   // ---- consumers: warpgroup cw owns packed rows cw * 64 .. cw * 64 + 63 ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::CONSUMER));
   const int cw = wg - 1, warp = lt / 32, lane = lt % 32;
 
   // Q rows -> shared (zero past the row's queries), visible to the async proxy before any MMA.
@@ -319,7 +478,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async();
-  warpgroup_sync(1 + cw);
+  named_sync(BAR_Q + cw, 128);
 
   // This thread's rows: r and r + 8 of its warp's 16 (the wgmma accumulator layout).
   const int r_cta = cw * 64 + warp * 16 + lane / 4;
@@ -329,105 +488,116 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int i = (pr0 + r_cta + 8 * hf) / G;
     qpos[hf] = i < q_len ? kv_len - q_len + i : -1;
   }
-  // The warpgroup's own query positions: tiles past its last are skipped, tiles past its first masked.
+  // The warpgroup's own query positions: tiles past its last are skipped (serial schedules), tiles
+  // past its first masked.
   const int wg_tok_first = (pr0 + cw * 64) / G;
   const int wg_pos_first = kv_len - q_len + wg_tok_first;
   const int wg_pos_last = wg_tok_first < q_len ? kv_len - q_len + min(q_len - 1, (pr0 + cw * 64 + 63) / G) : -1;
+  auto need_mask = [&](int tile0) { return tile0 + BN > kv_end || tile0 + BN - 1 > wg_pos_first; };
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const u32 q_rows = sq + cw * 64 * 128;
+  auto stage_k = [&](int s) { return sring + 2 * s * TILE_BYTES; };
+  float sacc[BN / 2], corr[2];
+  u32 p[PSTEPS][4];
 
-  for (int t = 0; t < num_tiles; ++t) {
-    const int s = t % STAGES, parity = (t / STAGES) & 1;
-    const int tile0 = kv_begin + t * BN;
-    const u32 sk = sring + 2 * s * TILE_BYTES, sv = sk + TILE_BYTES;
-    mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
-    if (tile0 <= wg_pos_last) {
-      fence_proxy_async();
-      // ---- S = Q K^T (64 x BN) ----
-      float sacc[BN / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KSTEPS; ++kk) {
-        const u32 koff = (kk % 4) * 32u;  // k16 step within a 128-byte row: 32 bytes
-        const u64 da = sw128_desc(q_rows + (kk / 4) * (BM * 128) + koff, 16, 1024);
-        const u64 db = sw128_desc(sk + (kk / 4) * (BN * 128) + koff, 16, 1024);
-        wgmma_ss<T, BN>(sacc, da, db, kk > 0);
+  if constexpr (!OVERLAP) {
+    // A warpgroup skips the tiles past its last row, except under SCHED_PINGPONG: there both run
+    // every tile of the CTA (masking covers rows that end before it), two turns a tile (Q K^T, then
+    // P V), and no MMA sits on a path ptxas must treat as divergent (it serializes them then).
+    Turns<PINGPONG> turns(cw, 2 * num_tiles);
+    for (int t = 0; t < num_tiles; ++t) {
+      const int s = t % STAGES, parity = (t / STAGES) & 1;
+      const int tile0 = kv_begin + t * BN;
+      const u32 sk = stage_k(s), sv = sk + TILE_BYTES;
+      const bool active = PINGPONG || tile0 <= wg_pos_last;
+      mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
+      if (active) fence_proxy_async();
+      turns.begin();
+      if (active) {
+        wgmma_fence();
+        issue_qk<T, D, BN>(sacc, q_rows, sk);
+        wgmma_commit();
       }
+      turns.end();
+      if (active) {
+        wgmma_wait<0>();
+        pin<BN / 2>(sacc);
+        online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
+        rescale<D>(o, corr);
+        pack_p<T, BN>(p, sacc);
+        mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
+        fence_proxy_async();
+      }
+      turns.begin();
+      if (active) {
+        wgmma_fence();
+        issue_pv<T, D, BN>(o, p, sv);
+        wgmma_commit();
+      }
+      turns.end();
+      if (active) {
+        wgmma_wait<0>();
+        pin<D / 2>(o);
+      }
+      release(empty_k(s), lane);
+      release(empty_v(s), lane);
+    }
+  } else {
+    // Both warpgroups run every tile of the CTA (masking covers rows that end before it), so their
+    // turns pair up: one a tile after the first, which issues Q K^T of tile j with P V of tile j - 1.
+    Turns<PINGPONG> turns(cw, num_tiles > 0 ? num_tiles - 1 : 0);
+    if (num_tiles > 0) {
+      mbar_wait(full_k(0), 0, WAIT_FULL_K, 0);
+      fence_proxy_async();
+      wgmma_fence();
+      issue_qk<T, D, BN>(sacc, q_rows, stage_k(0));
       wgmma_commit();
       wgmma_wait<0>();
       pin<BN / 2>(sacc);
-
-      // ---- mask, online softmax (exp2 domain) ----
-      const bool need_mask = tile0 + BN > kv_end || tile0 + BN - 1 > wg_pos_first;
-      float corr[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float x = sacc[nb * 4 + hf * 2 + e] * scale_log2;
-            if (need_mask) {
-              const int j = tile0 + nb * 8 + 2 * (lane % 4) + e;
-              if (j >= kv_end || j > qpos[hf]) x = -INFINITY;
-            }
-            sacc[nb * 4 + hf * 2 + e] = x;
-            mx = fmaxf(mx, x);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[hf], mx);
-        const float mb = m_new == -INFINITY ? 0.f : m_new;
-        corr[hf] = exp2f(m_run[hf] - mb);
-        float rs = 0.f;
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(sacc[nb * 4 + hf * 2 + e] - mb);
-            sacc[nb * 4 + hf * 2 + e] = p;
-            rs += p;
-          }
-        }
-        l_run[hf] = l_run[hf] * corr[hf] + rs;
-        m_run[hf] = m_new;
-      }
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[db * 4 + i] *= corr[i / 2];
-      }
-      // P in T, already in the A-fragment layout of the P V product (k16 step j = n8 blocks 2j, 2j+1).
-      u32 p[PSTEPS][4];
-#pragma unroll
-      for (int j = 0; j < PSTEPS; ++j) {
-        p[j][0] = pack2<T>(sacc[8 * j + 0], sacc[8 * j + 1]);
-        p[j][1] = pack2<T>(sacc[8 * j + 2], sacc[8 * j + 3]);
-        p[j][2] = pack2<T>(sacc[8 * j + 4], sacc[8 * j + 5]);
-        p[j][3] = pack2<T>(sacc[8 * j + 6], sacc[8 * j + 7]);
-      }
-
-      // ---- O += P V ----
-      mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
+      release(empty_k(0), lane);
+      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(kv_begin), kv_begin, kv_end, qpos, lane, scale_log2);
+      pack_p<T, BN>(p, sacc);  // O is still zero: no rescale
+    }
+    for (int t = 1; t < num_tiles; ++t) {
+      const int s = t % STAGES, parity = (t / STAGES) & 1;
+      const int sp = (t - 1) % STAGES, parity_p = ((t - 1) / STAGES) & 1;
+      const int tile0 = kv_begin + t * BN;
+      mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
+      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, t - 1);
+      fence_proxy_async();
+      turns.begin();
+      wgmma_fence();  // after the last writes of O (rescale) and P (pack)
+      issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
+      wgmma_commit();
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      wgmma_commit();
+      turns.end();
+      wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run
+      pin<BN / 2>(sacc);
+      release(empty_k(s), lane);
+      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
+      pin<BN / 2>(sacc);  // the softmax stays ahead of the wait below
+      wgmma_wait<0>();
+      pin<D / 2>(o);
+      release(empty_v(sp), lane);
+      rescale<D>(o, corr);
+      pack_p<T, BN>(p, sacc);
+    }
+    if (num_tiles > 0) {
+      const int sp = (num_tiles - 1) % STAGES, parity_p = ((num_tiles - 1) / STAGES) & 1;
+      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, num_tiles - 1);
       fence_proxy_async();
       wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < PSTEPS; ++j) {
-        // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
-        wgmma_rs<T, D>(o, p[j], sw128_desc(sv + j * 2048, BN * 128, 1024), 1);
-      }
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
       wgmma_commit();
       wgmma_wait<0>();
       pin<D / 2>(o);
+      release(empty_v(sp), lane);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty(s));
   }
 
   // ---- finish: row sums across the quad, normalise, write (or the split's partial result) ----

@@ -74,9 +74,13 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
     stream = _stream_instantiations(dtypes, kvs, dims_groups, full)
     sm90_tiles = tiles["prefill_sm90"]
     sm90 = {attention_sm90_name(base, t) for t in sm90_tiles}
+    # by default the preferred geometry of each consumer schedule
+    sm90_firsts = [
+        next(t for t in sm90_tiles if t.schedule == s) for s in dict.fromkeys(t.schedule for t in sm90_tiles)
+    ]
     for dt, (d, g), page in itertools.product(dtypes, dims_groups, pages):
         shapes = _shapes(dt, dt, d, g, page)
-        sm90 |= {attention_sm90_name(shapes, t) for t in (sm90_tiles if full else sm90_tiles[:1])}
+        sm90 |= {attention_sm90_name(shapes, t) for t in (sm90_tiles if full else sm90_firsts)}
     widths = HIDDEN_WIDTHS
     fused_buckets = ROW_BUCKETS if full else sorted({1, FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS})
     kv_pairs = [(dt, dt) for dt in dtypes] + [(dt, "fp8_e4m3") for dt in dtypes]

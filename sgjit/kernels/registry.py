@@ -167,25 +167,44 @@ FUSED_ROW_CHOICES = (0, 1, 2, 4, 8, 16)
 MEGAKERNEL_ROW_CHOICES = (1, 2, 4, 8)
 
 
+# Consumer schedules of the Hopper prefill kernel (attention_sm90.cu's SCHEDULE bits): serial (each
+# warpgroup's Q K^T, softmax and P V back to back), OVERLAP (a tile's softmax while the next tile's
+# Q K^T and this one's P V run, FlashAttention-3's intra-warpgroup pipelining), PINGPONG (the two
+# consumer warpgroups take turns at the tensor cores, one's softmax under the other's GEMMs).
+SM90_SERIAL = 0
+SM90_OVERLAP = 1
+SM90_PINGPONG = 2
+SM90_SCHEDULES = (SM90_SERIAL, SM90_OVERLAP, SM90_PINGPONG, SM90_OVERLAP | SM90_PINGPONG)
+_SCHEDULE_SUFFIX = {
+    SM90_SERIAL: "",
+    SM90_OVERLAP: "o",
+    SM90_PINGPONG: "p",
+    SM90_OVERLAP | SM90_PINGPONG: "op",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Sm90Tile:
     """One tiling of the Hopper prefill kernel (attention_sm90.cu): 128 packed query rows over two
-    consumer warpgroups and a producer warpgroup, BN keys per tile, a STAGES-deep K/V ring."""
+    consumer warpgroups and a producer warpgroup, BN keys per tile, a STAGES-deep K/V ring, and the
+    consumers' `schedule` (SM90_SCHEDULES)."""
 
     bn: int
     stages: int
+    schedule: int = SM90_SERIAL
 
     BM = 128
     THREADS = 384
 
     @property
     def name(self) -> str:
-        return f"sm90b{self.bn}s{self.stages}"
+        """sm90b<BN>s<STAGES>, then o (overlap) and/or p (ping-pong) for those schedules."""
+        return f"sm90b{self.bn}s{self.stages}{_SCHEDULE_SUFFIX[self.schedule]}"
 
     def smem_bytes(self, head_dim: int) -> int:
         """As attention_sm90.cu lays it out: 1 KB of alignment slack (the swizzle atoms sit on 1 KB
-        boundaries), the Q tile, the K/V ring, three mbarriers a stage."""
-        return 1024 + self.BM * head_dim * 2 + self.stages * 2 * self.bn * head_dim * 2 + 3 * self.stages * 8
+        boundaries), the Q tile, the K/V ring, four mbarriers a stage (K and V each full and empty)."""
+        return 1024 + self.BM * head_dim * 2 + self.stages * 2 * self.bn * head_dim * 2 + 4 * self.stages * 8
 
     def fits(self, profile: DeviceProfile, head_dim: int) -> bool:
         return self.smem_bytes(head_dim) <= profile.smem_per_block_optin
@@ -195,7 +214,15 @@ class Sm90Tile:
 SM90_CC = (9, 0)
 SM90_HEAD_DIMS = frozenset({64, 128})
 # Preference order: 128-key tiles (half the softmax rounds a key) with the deepest ring that fits.
-SM90_PREFILL_TILES = (Sm90Tile(128, 2), Sm90Tile(64, 3), Sm90Tile(64, 4), Sm90Tile(128, 3))
+SM90_GEOMETRIES = ((128, 2), (64, 3), (64, 4), (128, 3))
+# The schedule the selector uses. The overlapped schedules are written but not yet run on a GPU:
+# SGJIT_UNVERIFIED_KERNELS=1 makes the selector use SM90_CANDIDATE_SCHEDULE instead; once a GPU run
+# (tests/kernels/test_attention_sm90_gpu.py, `python -m sgjit.bench.kernels --only prefill`) shows
+# the faster one correct, it becomes the default here.
+SM90_DEFAULT_SCHEDULE = SM90_SERIAL
+SM90_CANDIDATE_SCHEDULE = SM90_OVERLAP | SM90_PINGPONG
+# Every geometry with every schedule (what nvcc_check builds and the GPU tests and bench run).
+SM90_PREFILL_TILES = tuple(Sm90Tile(bn, st, sch) for sch in SM90_SCHEDULES for bn, st in SM90_GEOMETRIES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ from sgjit.kernels.registry import (
     HALF_DTYPES,
     MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
+    SM90_CANDIDATE_SCHEDULE,
     SM90_CC,
+    SM90_DEFAULT_SCHEDULE,
     SM90_HEAD_DIMS,
     STREAM_HEAD_DIMS,
     STREAM_MAX_GROUP,
@@ -133,10 +135,17 @@ def stream_tile_for(
     return None, f"no streaming decode tile fits {profile.smem_per_block_optin // 1024} KB of shared memory"
 
 
+def sm90_schedule() -> int:
+    """The Hopper prefill kernel's consumer schedule: the registry's default, or its candidate while
+    unverified kernels are offered (SGJIT_UNVERIFIED_KERNELS=1)."""
+    return SM90_CANDIDATE_SCHEDULE if env().unverified_kernels else SM90_DEFAULT_SCHEDULE
+
+
 def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm90Tile | None, str]:
     """The Hopper prefill kernel's tile where it serves: compute capability 9.0 exactly (sm_90a code
     runs nowhere else), a 16-bit pool of the model's dtype (fp8 pools stay on mma.sync), head_dim 64
-    or 128, pages of at least BN / 32 slots; the first registered tile that fits shared memory."""
+    or 128, pages of at least BN / 32 slots; the first registered tile of `sm90_schedule()` that fits
+    shared memory."""
     if profile.compute_capability != SM90_CC:
         return None, ""
     why_not = None
@@ -146,8 +155,9 @@ def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm9
         why_not = f"head_dim {shapes.head_dim}"
     if why_not:
         return None, f"; no sm_90 prefill ({why_not})"
+    schedule = sm90_schedule()
     for t in variant("attention", CUDA).tunables["prefill_sm90"]:
-        if t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
+        if t.schedule == schedule and t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
             return (
                 t,
                 f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",

@@ -2,7 +2,8 @@
 only (skipped elsewhere): fresh prompts of 1 to 4097 tokens (tile edges and past them), prompts over
 cached prefixes with partial pages, several rows of different lengths in one step, decode rows
 mixed in, few long rows (split keys), bf16 and fp16, GQA groups 1/3/4/7/8, head_dim 64 and 128,
-pages of 16/32/64 slots, every registered tile. Errors are ‖out − ref‖ / ‖ref‖ against the
+pages of 16/32/64 slots, every consumer schedule (serial, intra-warpgroup overlap, ping-pong, both),
+every registered tile. Errors are ‖out − ref‖ / ‖ref‖ against the
 reference on float32 inputs, at test_kernels_gpu's attention tolerances; pages no row owns hold
 NaN and padding slots hold large values, so a read outside a row's keys shows.
 
@@ -12,13 +13,14 @@ timeout, for runs that may hang."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
-from sgjit.kernels.registry import SM90_CC, SM90_PREFILL_TILES, Sm90Tile
+from sgjit.kernels.registry import SM90_CC, SM90_PREFILL_TILES, SM90_SCHEDULES, Sm90Tile
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import ModelShapes
 from sgjit.kernels.synthetic import paged_attention_case
@@ -70,14 +72,17 @@ def shapes_for(dtype: torch.dtype, hq: int, hkv: int, d: int, page: int) -> Mode
     return ModelShapes(name, name, 4096, 14336, hq, hkv, d, d, 32000, page)
 
 
-def make_op(cfg: tuple, tile: Sm90Tile | None = None):
-    """PagedAttention with the selector's tiles for this shape, the sm_90 tile forced if given."""
+def make_op(cfg: tuple, tile: Sm90Tile | None = None, schedule: int | None = None):
+    """PagedAttention with the selector's tiles for this shape, the sm_90 tile forced if given (or
+    the selector's geometry with the consumer schedule given)."""
     from sgjit.kernels.cuda.attention import PagedAttention
 
     profile = device_profile(DEV)
     shapes = shapes_for(*cfg)
     t = KernelSelector().select(profile, shapes)["attention"].tunables
     sm90 = tile or t["prefill_sm90"]
+    if schedule is not None:
+        sm90 = replace(sm90, schedule=schedule)
     return PagedAttention(
         profile, shapes, cfg[0], t["decode_tile"], t["prefill_tile"], 8192, prefill_sm90=sm90
     )
@@ -116,10 +121,11 @@ def cfg_id(c: tuple) -> str:
     return f"{NAMES[c[0]]}-{c[1]}q{c[2]}kv-d{c[3]}-p{c[4]}"
 
 
+@pytest.mark.parametrize("schedule", SM90_SCHEDULES, ids=lambda s: f"schedule{s}")
 @pytest.mark.parametrize("cfg", CONFIGS, ids=cfg_id)
-def test_sm90_prefill_matches_reference(cfg):
-    op = make_op(cfg)
-    assert op.sm90 is not None
+def test_sm90_prefill_matches_reference(cfg, schedule):
+    op = make_op(cfg, schedule=schedule)
+    assert op.sm90 is not None and op.sm90.tile.schedule == schedule
     for i, (_, q_lens, kv_lens) in enumerate(BATCHES):
         res = check(op, cfg, q_lens, kv_lens, seed=i)
         _assert_ok(res, cfg[0])
@@ -136,10 +142,11 @@ def test_every_sm90_tile(tile):
             _assert_ok(check(op, cfg, q_lens, kv_lens, seed=100 + i), cfg[0])
 
 
-def test_sm90_prefill_is_deterministic():
+@pytest.mark.parametrize("schedule", SM90_SCHEDULES, ids=lambda s: f"schedule{s}")
+def test_sm90_prefill_is_deterministic(schedule):
     """No atomics or races: the same inputs give bit-identical outputs."""
     cfg = CONFIGS[0]
-    op = make_op(cfg)
+    op = make_op(cfg, schedule=schedule)
     case = paged_attention_case([3000, 77], [3000, 2077], 32, 8, 128, 16, torch.bfloat16, torch.bfloat16, DEV)
     first = op(case.q, case.kv, case.meta, 128**-0.5)
     for _ in range(3):

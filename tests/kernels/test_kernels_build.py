@@ -55,14 +55,18 @@ def test_sm90_kernels_hold_the_registers_their_setmaxnreg_split_moves():
     """attention_sm90.cu's warpgroups trade registers with setmaxnreg inside the CTA's own
     allocation, sized for LAUNCH_REGS a thread: a CTA built with fewer leaves a consumer warp in
     setmaxnreg.inc forever (as the 80/216 split hung the first GPU run). Every registered
-    instantiation gets exactly that many, without spills; the watchdog build (SGJIT_SM90_WATCHDOG,
-    debug runs) compiles too, and keeps the count."""
+    instantiation (every consumer schedule) gets exactly that many, without spills or serialized
+    MMAs; the watchdog build (SGJIT_SM90_WATCHDOG, debug runs) compiles too, and keeps the count."""
     names = instantiations()["attention_sm90"]
     res = compile_unit(find_nvcc(), "attention_sm90", names, "sm_90a", True)
     assert res.ok, res.log[-3000:]
     regs = [int(line.split()[0]) for line in resource_lines(res.log)]
     assert regs == [LAUNCH_REGS] * len(names)
     assert all("spill 0/0 B" in line for line in resource_lines(res.log))
+    # ptxas serializes the MMAs of a kernel (C7518) when it cannot prove an accumulator or P
+    # fragment untouched while its MMA runs: that would undo the overlapped schedules
+    assert "wgmma.mma_async instructions are serialized" not in res.log, res.log[-3000:]
+    assert {n.rsplit(",", 1)[1].strip(" >") for n in names} == {"0", "1", "2", "3"}  # every schedule
     watchdog = compile_unit(
         find_nvcc(), "attention_sm90", names[:1], "sm_90a", True, ("SGJIT_SM90_WATCHDOG=1000",)
     )

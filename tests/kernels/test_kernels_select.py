@@ -256,6 +256,48 @@ def unverified_kernels(monkeypatch):
     monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
 
 
+def test_sm90_overlapped_schedule_only_while_unverified_kernels_are_offered(monkeypatch):
+    """The Hopper prefill keeps its serial schedule (the one measured on a GPU) by default; with
+    SGJIT_UNVERIFIED_KERNELS=1 the selector takes the same geometry with the candidate schedule
+    (FlashAttention-3's intra-warpgroup overlap and ping-pong), and names it."""
+    from sgjit.kernels.registry import SM90_CANDIDATE_SCHEDULE, SM90_DEFAULT_SCHEDULE, SM90_SERIAL
+
+    assert SM90_DEFAULT_SCHEDULE == SM90_SERIAL != SM90_CANDIDATE_SCHEDULE
+    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS", raising=False)
+    assert (
+        KernelSelector()
+        .select(PROFILES["H100-SXM5-80GB"], shapes())["attention"]
+        .tunables["prefill_sm90"]
+        .name
+        == "sm90b128s2"
+    )
+    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+    for device in ("H200", "H100-SXM5-80GB"):
+        attn = KernelSelector().select(PROFILES[device], shapes())["attention"]
+        tile = attn.tunables["prefill_sm90"]
+        assert (tile.bn, tile.stages, tile.schedule) == (128, 2, SM90_CANDIDATE_SCHEDULE)
+        assert tile.name == "sm90b128s2op" and tile.name in attn.reason
+    assert (
+        KernelSelector()
+        .select(PROFILES["H200"], shapes("smollm2-135m"))["attention"]
+        .tunables["prefill_sm90"]
+        .schedule
+        == SM90_CANDIDATE_SCHEDULE
+    )  # head_dim 64
+
+
+def test_sm90_tiles_cover_every_geometry_with_every_schedule():
+    """One name per (geometry, schedule), the serial names unchanged (stored results keep meaning),
+    and shared memory for the fourth barrier a stage (K and V are freed separately)."""
+    from sgjit.kernels.registry import SM90_GEOMETRIES, SM90_PREFILL_TILES, SM90_SCHEDULES, Sm90Tile
+
+    names = [t.name for t in SM90_PREFILL_TILES]
+    assert len(set(names)) == len(names) == len(SM90_GEOMETRIES) * len(SM90_SCHEDULES)
+    assert {"sm90b128s2", "sm90b128s2o", "sm90b128s2p", "sm90b128s2op", "sm90b64s4op"} <= set(names)
+    assert Sm90Tile(128, 2).smem_bytes(128) == 1024 + 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 2 * 4 * 8
+    assert all(t.fits(PROFILES["H200"], 128) for t in SM90_PREFILL_TILES)
+
+
 def test_unverified_kernels_are_not_offered_by_default(monkeypatch):
     """The decode megakernel waits for SGJIT_UNVERIFIED_KERNELS=1; the fused decode GEMVs, verified on
     the H100 and H200, are offered without it."""

@@ -21,14 +21,14 @@ from sgjit.settings import env
 SM90_OPTIONS = ("-arch=sm_90a",)
 MAX_GRID_Y = 65535
 # Registers a thread the kernel must be built with (attention_sm90.cu's LAUNCH_REGS): its setmaxnreg
-# split (PRODUCER_REGS, CONSUMER_REGS) redistributes 384 x 168 and deadlocks if the CTA holds fewer.
+# split (RegSplit, per schedule) redistributes 384 x 168 and deadlocks if the CTA holds fewer.
 LAUNCH_REGS = 168
 
 
 def attention_sm90_name(shapes: ModelShapes, tile: Sm90Tile) -> str:
     return (
         f"attention_sm90_kernel<{CPP_TYPES[shapes.dtype]}, {shapes.head_dim}, {shapes.group}, "
-        f"{shapes.page_size}, {tile.bn}, {tile.stages}>"
+        f"{shapes.page_size}, {tile.bn}, {tile.stages}, {tile.schedule}>"
     )
 
 
@@ -46,7 +46,7 @@ class Sm90Prefill:
         if self.kernel.num_regs != LAUNCH_REGS:
             raise KernelError(
                 f"{name} was built with {self.kernel.num_regs} registers a thread, not {LAUNCH_REGS}: its "
-                "setmaxnreg split would deadlock; fix PRODUCER_REGS/CONSUMER_REGS in attention_sm90.cu"
+                "setmaxnreg split would deadlock; fix RegSplit in attention_sm90.cu"
             )
         self.smem = tile.smem_bytes(shapes.head_dim)
         allow_smem(self.kernel, self.smem)
