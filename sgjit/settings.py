@@ -25,9 +25,9 @@ class EnvSettings:
     # Debug builds of the sm_90 prefill kernel: a barrier wait longer than this many ms traps
     # (attention_sm90.cu's watchdog) instead of hanging; 0 builds the kernel without it.
     sm90_watchdog_ms: int
-    # Kernels written but not yet seen passing their GPU tests (the sm_90 prefill, the streaming
-    # decode): the selector offers them only when this is on, so a GPU runs the verified kernels
-    # by default while these are being checked (SGJIT_UNVERIFIED_KERNELS=1).
+    # Kernels the selector does not offer by default (SGJIT_UNVERIFIED_KERNELS=1 offers them): a new
+    # kernel until its GPU tests have passed, or one that passed but measured no faster than what it
+    # would replace (today: the decode megakernel).
     unverified_kernels: bool
 
     @classmethod
