@@ -50,6 +50,22 @@ def test_latency(tmp_path):
         assert key in r["rows"][0]
 
 
+def test_host_profile_on_the_cpu(tmp_path):
+    """The engine thread's profile over multi-step launches (the bucketed path, eager on the CPU):
+    the launch and completion methods are in it, and the host time per step is measured."""
+    r = run_bench(
+        "host_profile",
+        ["--device", "cpu", "--batch-size", "2", "--input-len", "8", "--output-len", "17", "--top", "400"],
+        tmp_path,
+    )
+    row = r["rows"][0]
+    assert row["multi_step_launches"] >= 1 and row["host_us_per_step"] > 0
+    assert (
+        "_launch_multi" in row["profile_by_cumulative_time"]
+        and "_complete" in row["profile_by_cumulative_time"]
+    )
+
+
 def test_latency_host_time_on_the_cpu(tmp_path):
     """The bucketed decode path run eagerly on the CPU has multi-step launches, so the engine's host
     time per decode step and the output thread's time per token are measured there."""
