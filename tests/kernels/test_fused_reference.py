@@ -26,13 +26,18 @@ CONFIGS = {
 }
 
 
-def _model(cfg) -> LlamaModel:
+def _weights(cfg) -> dict[str, torch.Tensor]:
     weights = random_weights(cfg, seed=5, dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(6)
     for name, w in weights.items():
         if name.endswith("norm.weight"):  # ones would hide a norm weight applied wrongly
             weights[name] = (1 + 0.3 * torch.randn(w.shape, generator=g)).to(w.dtype)
-    return LlamaModel(cfg, weights, REFERENCE_OPS, torch.device("cpu"), torch.bfloat16, max_positions=256)
+    return weights
+
+
+def _model(cfg, dtype: torch.dtype = torch.bfloat16) -> LlamaModel:
+    weights = {k: v.to(dtype) for k, v in _weights(cfg).items()}
+    return LlamaModel(cfg, weights, REFERENCE_OPS, torch.device("cpu"), dtype, max_positions=256)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -52,3 +57,24 @@ def test_fused_decode_is_the_unfused_model(name):
         a, b = unfused.step(seqs, starts), fused.step(seqs, starts)
         assert torch.equal(a, b)
     assert torch.equal(unfused.pool.k, fused.pool.k) and torch.equal(unfused.pool.v, fused.pool.v)
+
+
+def test_teacher_forced_agreement_of_the_fused_and_unfused_reference():
+    """The GPU tests' comparison helper (model_steps.teacher_forced) on the CPU: the fused reference
+    decode is the unfused one bit for bit, so no greedy token differs and both carry the same bf16
+    error against a float32 oracle of the same weights, which is above zero (the oracle is not a copy)."""
+    from model_steps import teacher_forced
+
+    model, oracle_model = _model(CONFIGS["llama"]), _model(CONFIGS["llama"], torch.float32)
+    rows = 2
+    fused = Side(model, REFERENCE_OPS.with_overrides(fused_rows=4), rows, max_tokens=48)
+    unfused = Side(model, REFERENCE_OPS, rows, max_tokens=48)
+    oracle = Side(oracle_model, REFERENCE_OPS, rows, max_tokens=48)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (7, 12)]
+    for side in (fused, unfused, oracle):
+        side.step(seqs, [0] * rows)
+    got = teacher_forced(fused, unfused, oracle, seqs, steps=6)
+    assert got.differ == 0 and got.margins == [] and got.err_candidate == got.err_baseline
+    assert min(got.err_baseline) > 0
+    got.assert_within_noise()

@@ -94,8 +94,10 @@ def resident_blocks(kernel: Any, threads: int, smem: int) -> int:
 
 
 def current_stream() -> Any:
-    """torch's current stream as a CuPy stream (cached per stream handle)."""
-    handle = torch.cuda.current_stream().cuda_stream
+    """torch's current stream as a CuPy stream (cached per stream handle). The raw handle comes from
+    torch's C binding (as Triton and Inductor take it): `torch.cuda.current_stream()` resolves the
+    device through eight Python calls, on every kernel launch."""
+    handle = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
     s = _streams.get(handle)
     if s is None:
         s = _streams[handle] = cupy_module().cuda.ExternalStream(handle)
