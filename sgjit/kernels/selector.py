@@ -150,7 +150,7 @@ def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm9
         return None, f"; no sm_90 prefill ({why_not})"
     schedule = SM90_DEFAULT_SCHEDULE
     for t in variant("attention", CUDA).tunables["prefill_sm90"]:
-        if t.schedule == schedule and t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
+        if t.schedule == schedule and t.fits(profile, shapes.head_dim) and t.serves_page(shapes.page_size):
             return (
                 t,
                 f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",
