@@ -206,7 +206,9 @@ class Sm90Tile:
     @property
     def name(self) -> str:
         """sm90b<BN>s<STAGES>, then o (overlap), p (ping-pong), t (TMA producer) for those bits."""
-        return f"sm90b{self.bn}s{self.stages}" + "".join(c for bit, c in _SCHEDULE_BITS if self.schedule & bit)
+        return f"sm90b{self.bn}s{self.stages}" + "".join(
+            c for bit, c in _SCHEDULE_BITS if self.schedule & bit
+        )
 
     @property
     def tma(self) -> bool:

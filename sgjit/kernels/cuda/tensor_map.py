@@ -53,9 +53,13 @@ def pool_map(layer_shape: tuple[int, ...], num_layers: int, element_size: int, b
     slot, page, layer). Raises ValueError for a pool the hardware cannot map this way."""
     pages, page_size, heads, head_dim = layer_shape
     if element_size != 2 or head_dim % BOX_COLS:
-        raise ValueError(f"TMA boxes of 64 16-bit columns: not {element_size}-byte values, head_dim {head_dim}")
+        raise ValueError(
+            f"TMA boxes of 64 16-bit columns: not {element_size}-byte values, head_dim {head_dim}"
+        )
     if not (0 < box_rows <= min(page_size, 256)) or box_rows % 8:
-        raise ValueError(f"a box of {box_rows} rows: needs whole 8-row swizzle atoms within a page of {page_size}")
+        raise ValueError(
+            f"a box of {box_rows} rows: needs whole 8-row swizzle atoms within a page of {page_size}"
+        )
     dims = (head_dim, heads, page_size, pages, num_layers)
     strides, stride = [], element_size
     for d in dims[:-1]:
