@@ -14,9 +14,12 @@
 // 16-byte chunk index XOR row % 8, each 8-row atom 1024-byte aligned.
 //
 // The pool interleaves kv heads ([page, slot, kv head, D]), so a head's rows are 2*D-byte pieces
-// at a stride and pages are not contiguous: the producer copies them with 16-byte cp.async, each
-// row's page looked up in the page table, and the copies' completion arrives on the stage's
-// mbarrier (cp.async.mbarrier.arrive.noinc). K and V of a stage have separate barriers, so
+// at a stride and pages are not contiguous. The producer fills a stage one of two ways (SCHED_TMA):
+// 128 threads of 16-byte cp.async, each row's page looked up in the page table, the copies'
+// completion arriving on the stage's mbarrier (cp.async.mbarrier.arrive.noinc); or one thread
+// issuing tensor-memory-accelerator copies (cp.async.bulk.tensor), one a page and 64-element half
+// of head_dim, through a tensor map over the whole pool (attention_sm90.py builds it), which land
+// in the same swizzle and complete the stage's mbarrier by bytes. K and V of a stage have separate barriers, so
 // Q K^T starts before V lands, and consumers release K and V once their MMAs on them are done.
 // How the consumers order their GEMMs and softmax is the SCHEDULE (below): serial, or FA-3's
 // overlap of one tile's softmax with the next tile's GEMMs, within a warpgroup and/or between
@@ -151,6 +154,28 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 // Arrives once this thread's earlier cp.async copies have landed (the barrier counts the arrival).
 __device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives and raises the phase's expected transaction bytes: the phase completes once the bulk copies
+// that name this barrier have delivered that many bytes (and every expected arrival is in).
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A tensor map written to global memory by the host (a copy before the launch) is read by the tensor
+// map proxy: acquire it there before the first copy that names it, and bring it into the
+// descriptor cache early.
+__device__ __forceinline__ void tensormap_acquire(u64 map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(map) : "memory");
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+// One tile-mode box of a 5-D tensor map (coordinates innermost first, in elements) into shared
+// memory at dst, its bytes counted on bar. The .shared::cluster destination takes this CTA's own
+// shared address (a launch without clusters is a cluster of one).
+__device__ __forceinline__ void tma_load_5d(u32 dst, u64 map, u32 bar, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, "
+      "%7}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
 }
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
   u32 done;
@@ -327,8 +352,10 @@ template <typename T, int BN> __device__ __forceinline__ void pack_p(u32 (*p)[4]
 // runs while P V is in flight (a second score accumulator; the rescale of O waits for P V).
 // SCHED_PINGPONG: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
 // one's softmax runs while the tensor cores serve the other's GEMMs.
+// SCHED_TMA (the producer, not the consumers): K/V tiles by the tensor memory accelerator.
 constexpr int SCHED_OVERLAP = 1;
 constexpr int SCHED_PINGPONG = 2;
+constexpr int SCHED_TMA = 4;
 
 }  // namespace sgjit
 
@@ -342,13 +369,15 @@ constexpr int SCHED_PINGPONG = 2;
 // fits 56 registers at D = 128 (not at D = 64, whose copy loop unrolls over more rows): 56 / 224 uses
 // the whole pool, for the overlapped schedules at D = 128, which hold the next tile's scores, O and
 // this tile's P (read by its P V in flight) at once; the serial schedules keep the 72 / 216 they
-// were measured with, and so does D = 64.
+// were measured with, and so does D = 64. The TMA producer (one thread issuing a few copies a tile)
+// takes the minimum, 24, and the overlapped schedules at D = 128 get the rest: 24 / 240.
 constexpr int SM90_THREADS = 384;
 constexpr int LAUNCH_REGS = 65536 / SM90_THREADS / 8 * 8;
 template <int SCHEDULE, int D> struct RegSplit {
   static constexpr bool WIDE = (SCHEDULE & SCHED_OVERLAP) && D == 128;
-  static constexpr int PRODUCER = WIDE ? 56 : 72;
-  static constexpr int CONSUMER = WIDE ? 224 : 216;
+  static constexpr bool TMA = (SCHEDULE & SCHED_TMA) != 0;
+  static constexpr int PRODUCER = TMA ? 24 : WIDE ? 56 : 72;
+  static constexpr int CONSUMER = WIDE ? (TMA ? 240 : 224) : 216;
   static_assert(128 * PRODUCER + 256 * CONSUMER <= SM90_THREADS * LAUNCH_REGS,
                 "setmaxnreg split larger than the CTA's registers: consumers would wait forever");
 };
@@ -361,7 +390,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
                           const int* __restrict__ work, int item_base, T* __restrict__ out,
                           float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
-                          float scale_log2) {
+                          float scale_log2, const void* tmaps, int layer) {
   constexpr int BM = 128;                  // packed rows per CTA: 64 per consumer warpgroup
   constexpr int CPR = D / 8;               // 16-byte chunks per row
   constexpr int PSTEPS = BN / 16;          // k16 steps of O += P V
@@ -371,11 +400,18 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   constexpr int TILE_PAGES = BN / PAGE > 1 ? BN / PAGE : 1;  // pages one key tile spans
   constexpr bool OVERLAP = (SCHEDULE & SCHED_OVERLAP) != 0;
   constexpr bool PINGPONG = (SCHEDULE & SCHED_PINGPONG) != 0;
+  constexpr bool TMA = (SCHEDULE & SCHED_TMA) != 0;
+  // TMA: one box a page (or the tile's part of a page bigger than the tile) and 64-column block,
+  // BOX_ROWS rows of 128 bytes. The hardware swizzles a box by its shared address (16-byte chunk
+  // XOR address bits 7-9), which is sw128_off's chunk XOR row % 8 only where every box starts on
+  // a 1024-byte atom: BOX_ROWS a multiple of 8.
+  constexpr int BOX_ROWS = PAGE < BN ? PAGE : BN;
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "64 or 128 keys a tile");
   static_assert(STAGES >= 2, "a ring of at least two stages");
   static_assert((PAGE & (PAGE - 1)) == 0 && TILE_PAGES <= 32, "page size a power of two, >= BN / 32");
-  static_assert(SCHEDULE >= 0 && SCHEDULE <= (SCHED_OVERLAP | SCHED_PINGPONG), "unknown schedule");
+  static_assert(SCHEDULE >= 0 && SCHEDULE <= (SCHED_OVERLAP | SCHED_PINGPONG | SCHED_TMA), "unknown schedule");
+  static_assert(!TMA || BOX_ROWS % 8 == 0, "TMA boxes of whole 8-row swizzle atoms: pages of >= 8 slots");
 
   extern __shared__ unsigned char smem_raw[];
   const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
@@ -408,10 +444,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      // One arrival per producer thread, when its copies land: .noinc arrivals do not raise the
-      // expected count, so these 128 are the whole of each phase.
-      mbar_init(full_k(s), 128);
-      mbar_init(full_v(s), 128);
+      // cp.async: one arrival per producer thread, when its copies land (.noinc arrivals do not
+      // raise the expected count, so these 128 are the whole of each phase). TMA: the issuing
+      // thread's one arrival with the tile's bytes, then the copies' bytes.
+      mbar_init(full_k(s), TMA ? 1 : 128);
+      mbar_init(full_v(s), TMA ? 1 : 128);
       // One arrival per consumer warp for every tile, also from a warpgroup whose rows skip it
       // (causal, or no rows at all): the producer waits for all 8 before refilling K (V) of the
       // stage. A warp arrives for a tile only after waiting for that tile's full barrier, which
@@ -427,16 +464,33 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   if (wg == 0) {
     // ---- producer: K and V tiles of the row's pages -> the ring ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::PRODUCER));
+    if (TMA && lt >= 32) return;  // TMA: one warp reads the page table, its lane 0 issues the copies
     const int* pages = page_table + (i64)row * pt_stride;
     const int part = lt % CPR, tok0 = lt / CPR, lane = lt % 32;
+    const u64 kmap = reinterpret_cast<u64>(tmaps), vmap = kmap + 128;  // K's map, then V's
+    if (TMA && lane == 0) {
+      tensormap_acquire(kmap);
+      tensormap_acquire(vmap);
+    }
+    // TMA copies whole pages (or the tile's part of one), so it also loads keys at and past kv_stop
+    // that cp.async zero-fills: the rest of the CTA's last page as the pool holds it, and for the
+    // tile's pages past that page, the last page again (a valid page of the row: never a table
+    // entry past the row's pages, nor a page no row owns). No consumer reads those keys but
+    // through the softmax, which masks every key past kv_stop for every row (past kv_end, or past
+    // pos_last, the CTA's last query position, so past each row's own) to P = 0 exactly, and the
+    // P V product then adds 0 x V. Rows without a query (Q zero) get S = 0 and are never written.
+    // Both assume finite pool values (garbage x 0 = 0; NaN or Inf x 0 is NaN): the pool is zeroed
+    // at allocation and written only by the kernels, with finite values of a finite model.
+    const int last_page = (kv_stop - 1) / PAGE;
     for (int t = 0; t < num_tiles; ++t) {
       const int s = t % STAGES, empty_parity = ((t / STAGES) + 1) & 1;
       const int tile0 = kv_begin + t * BN;
       // The tile's pages (tile0 is a multiple of BN, so it spans max(1, BN / PAGE) of them), one
       // lane each, looked up before the stage frees up; each copy takes its page by shuffle.
       const int first_page = tile0 / PAGE;
-      const int lane_page =
-          lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop ? pages[first_page + lane] : 0;
+      int lane_page = 0;
+      if (TMA && lane < TILE_PAGES) lane_page = pages[min(first_page + lane, last_page)];
+      if (!TMA && lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop) lane_page = pages[first_page + lane];
 #pragma unroll
       for (int kv = 0; kv < 2; ++kv) {
         // The overlapped schedule frees K (after Q K^T) a softmax before V (after P V), and each is
@@ -445,21 +499,51 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         // arrival must not count towards V's previous phase.
         if (t >= STAGES && kv == 0) mbar_wait(empty_k(s), empty_parity, WAIT_EMPTY_K, t);
         if (t >= STAGES && kv == (OVERLAP ? 1 : 0)) mbar_wait(empty_v(s), empty_parity, WAIT_EMPTY_V, t);
-        const T* cache = kv == 0 ? k_cache : v_cache;
+        const u32 full = kv == 0 ? full_k(s) : full_v(s);
         const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
+        if constexpr (TMA) {
+          // Box (64 columns, head h, BOX_ROWS slots from slot0, one page, the layer) -> rows
+          // j * BOX_ROWS.. of column block hf: TILE_PAGES * BOX_ROWS = BN rows, D / 64 blocks,
+          // TILE_BYTES in all, announced before the copies that count them.
+          if (lane == 0) mbar_arrive_expect_tx(full, TILE_BYTES);
+          const u64 map = kv == 0 ? kmap : vmap;
+          const int slot0 = tile0 & (PAGE - 1);  // 0 unless a page holds more than one tile
+#pragma unroll
+          for (int j = 0; j < TILE_PAGES; ++j) {
+            const int page = __shfl_sync(0xffffffffu, lane_page, j);
+            if (lane == 0) {
+#pragma unroll
+              for (int hf = 0; hf < D / 64; ++hf) {
+                tma_load_5d(dst + hf * (BN * 128) + j * (BOX_ROWS * 128), map, full, hf * 64, h, slot0, page, layer);
+              }
+            }
+          }
+        } else {
+          const T* cache = kv == 0 ? k_cache : v_cache;
 #pragma unroll 8
-        for (int j = 0; j < BN / ROWS_PER_PASS; ++j) {
-          const int tok = tok0 + j * ROWS_PER_PASS;
-          const int pos = tile0 + tok;
-          const bool ok = pos < kv_stop;
-          const int page = __shfl_sync(0xffffffffu, lane_page, pos / PAGE - first_page);
-          const i64 off = ok ? (((i64)page * PAGE + (pos & (PAGE - 1))) * hkv + h) * D + part * 8 : 0;
-          cp_async16(dst + sw128_off<BN>(tok, part), cache + off, ok ? 16 : 0);
+          for (int j = 0; j < BN / ROWS_PER_PASS; ++j) {
+            const int tok = tok0 + j * ROWS_PER_PASS;
+            const int pos = tile0 + tok;
+            const bool ok = pos < kv_stop;
+            const int page = __shfl_sync(0xffffffffu, lane_page, pos / PAGE - first_page);
+            const i64 off = ok ? (((i64)page * PAGE + (pos & (PAGE - 1))) * hkv + h) * D + part * 8 : 0;
+            cp_async16(dst + sw128_off<BN>(tok, part), cache + off, ok ? 16 : 0);
+          }
+          mbar_arrive_on_copies(full);
         }
-        mbar_arrive_on_copies(kv == 0 ? full_k(s) : full_v(s));
       }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if constexpr (TMA) {
+      // The CTA must not end with copies still landing in its shared memory: wait for each stage's
+      // last fill (the consumers wait for every fill too; this keeps that out of their hands).
+      for (int s = 0; s < STAGES && s < num_tiles; ++s) {
+        const int t_last = s + (num_tiles - 1 - s) / STAGES * STAGES;
+        mbar_wait(full_k(s), (t_last / STAGES) & 1, WAIT_FULL_K, t_last);
+        mbar_wait(full_v(s), (t_last / STAGES) & 1, WAIT_FULL_V, t_last);
+      }
+    } else {
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+    }
     return;
   }
 
@@ -515,7 +599,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       const u32 sk = stage_k(s), sv = sk + TILE_BYTES;
       const bool active = PINGPONG || tile0 <= wg_pos_last;
       mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
-      if (active) fence_proxy_async();
+      if (!TMA && active) fence_proxy_async();  // cp.async wrote the tile by the generic proxy; TMA need not
       turns.begin();
       if (active) {
         wgmma_fence();
@@ -530,7 +614,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         rescale<D>(o, corr);
         pack_p<T, BN>(p, sacc);
         mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
-        fence_proxy_async();
+        if (!TMA) fence_proxy_async();
       }
       turns.begin();
       if (active) {
@@ -552,7 +636,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     Turns<PINGPONG> turns(cw, num_tiles > 0 ? num_tiles - 1 : 0);
     if (num_tiles > 0) {
       mbar_wait(full_k(0), 0, WAIT_FULL_K, 0);
-      fence_proxy_async();
+      if (!TMA) fence_proxy_async();
       wgmma_fence();
       issue_qk<T, D, BN>(sacc, q_rows, stage_k(0));
       wgmma_commit();
@@ -568,7 +652,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       const int tile0 = kv_begin + t * BN;
       mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
       mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, t - 1);
-      fence_proxy_async();
+      if (!TMA) fence_proxy_async();
       turns.begin();
       wgmma_fence();  // after the last writes of O (rescale) and P (pack)
       issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
@@ -590,7 +674,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     if (num_tiles > 0) {
       const int sp = (num_tiles - 1) % STAGES, parity_p = ((num_tiles - 1) / STAGES) & 1;
       mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, num_tiles - 1);
-      fence_proxy_async();
+      if (!TMA) fence_proxy_async();
       wgmma_fence();
       issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
       wgmma_commit();

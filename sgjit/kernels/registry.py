@@ -170,17 +170,24 @@ MEGAKERNEL_ROW_CHOICES = (1, 2, 4, 8)
 # Consumer schedules of the Hopper prefill kernel (attention_sm90.cu's SCHEDULE bits): serial (each
 # warpgroup's Q K^T, softmax and P V back to back), OVERLAP (a tile's softmax while the next tile's
 # Q K^T and this one's P V run, FlashAttention-3's intra-warpgroup pipelining), PINGPONG (the two
-# consumer warpgroups take turns at the tensor cores, one's softmax under the other's GEMMs).
+# consumer warpgroups take turns at the tensor cores, one's softmax under the other's GEMMs); TMA is
+# the producer's bit: K/V tiles by the tensor memory accelerator (a few copies a tile from one
+# thread) instead of 128 threads' 16-byte cp.async.
 SM90_SERIAL = 0
 SM90_OVERLAP = 1
 SM90_PINGPONG = 2
-SM90_SCHEDULES = (SM90_SERIAL, SM90_OVERLAP, SM90_PINGPONG, SM90_OVERLAP | SM90_PINGPONG)
-_SCHEDULE_SUFFIX = {
-    SM90_SERIAL: "",
-    SM90_OVERLAP: "o",
-    SM90_PINGPONG: "p",
-    SM90_OVERLAP | SM90_PINGPONG: "op",
-}
+SM90_TMA = 4
+SM90_SCHEDULES = (
+    SM90_SERIAL,
+    SM90_OVERLAP,
+    SM90_PINGPONG,
+    SM90_OVERLAP | SM90_PINGPONG,
+    SM90_TMA,
+    SM90_OVERLAP | SM90_PINGPONG | SM90_TMA,
+)
+_SCHEDULE_BITS = ((SM90_OVERLAP, "o"), (SM90_PINGPONG, "p"), (SM90_TMA, "t"))
+# TMA copies a tile as boxes of min(page, BN) rows, each of whole 8-row swizzle atoms.
+SM90_TMA_MIN_PAGE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +205,19 @@ class Sm90Tile:
 
     @property
     def name(self) -> str:
-        """sm90b<BN>s<STAGES>, then o (overlap) and/or p (ping-pong) for those schedules."""
-        return f"sm90b{self.bn}s{self.stages}{_SCHEDULE_SUFFIX[self.schedule]}"
+        """sm90b<BN>s<STAGES>, then o (overlap), p (ping-pong), t (TMA producer) for those bits."""
+        return f"sm90b{self.bn}s{self.stages}" + "".join(
+            c for bit, c in _SCHEDULE_BITS if self.schedule & bit
+        )
+
+    @property
+    def tma(self) -> bool:
+        return bool(self.schedule & SM90_TMA)
+
+    def serves_page(self, page_size: int) -> bool:
+        """A tile spans at most 32 pages (one lane each looks them up); TMA needs pages of whole
+        swizzle atoms."""
+        return self.bn <= 32 * page_size and (not self.tma or page_size >= SM90_TMA_MIN_PAGE)
 
     def smem_bytes(self, head_dim: int) -> int:
         """As attention_sm90.cu lays it out: 1 KB of alignment slack (the swizzle atoms sit on 1 KB
@@ -218,6 +236,7 @@ SM90_GEOMETRIES = ((128, 2), (64, 3), (64, 4), (128, 3))
 # The schedule the selector uses: overlap and ping-pong together, correct on the H100 (harness 183/183,
 # tests/kernels/test_attention_sm90_gpu.py 44/44) and the fastest of the four there, by 2-3% only
 # (docs/performance.md, "sm_90 prefill schedules"); the others stay for the benchmark's comparison.
+# The TMA producer (SM90_TMA) has not run on a GPU yet: it stays out of the default until it has.
 SM90_DEFAULT_SCHEDULE = SM90_OVERLAP | SM90_PINGPONG
 # Every geometry with every schedule (what nvcc_check builds and the GPU tests and bench run).
 SM90_PREFILL_TILES = tuple(Sm90Tile(bn, st, sch) for sch in SM90_SCHEDULES for bn, st in SM90_GEOMETRIES)

@@ -137,8 +137,8 @@ def stream_tile_for(
 def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm90Tile | None, str]:
     """The Hopper prefill kernel's tile where it serves: compute capability 9.0 exactly (sm_90a code
     runs nowhere else), a 16-bit pool of the model's dtype (fp8 pools stay on mma.sync), head_dim 64
-    or 128, pages of at least BN / 32 slots; the first registered tile of SM90_DEFAULT_SCHEDULE that fits
-    shared memory."""
+    or 128, pages of at least BN / 32 slots (8 for the TMA producer); the first registered tile of
+    SM90_DEFAULT_SCHEDULE that fits shared memory."""
     if profile.compute_capability != SM90_CC:
         return None, ""
     why_not = None
@@ -150,7 +150,7 @@ def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm9
         return None, f"; no sm_90 prefill ({why_not})"
     schedule = SM90_DEFAULT_SCHEDULE
     for t in variant("attention", CUDA).tunables["prefill_sm90"]:
-        if t.schedule == schedule and t.fits(profile, shapes.head_dim) and t.bn <= 32 * shapes.page_size:
+        if t.schedule == schedule and t.fits(profile, shapes.head_dim) and t.serves_page(shapes.page_size):
             return (
                 t,
                 f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",

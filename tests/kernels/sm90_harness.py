@@ -1,6 +1,6 @@
 """Debug harness for the Hopper prefill kernel (attention_sm90.cu), for GPU runs that may hang.
 
-    python tests/kernels/sm90_harness.py OUT.jsonl [--budget 150] [--case-timeout 20]
+    python tests/kernels/sm90_harness.py OUT.jsonl [--budget 150] [--case-timeout 20] [--schedule S]
 
 writes one JSON line per event to OUT.jsonl and stdout, flushed as it goes:
 
@@ -16,6 +16,9 @@ writes one JSON line per event to OUT.jsonl and stdout, flushed as it goes:
   deadlock costs one timeout, not one per case.
 - `{"summary": ...}`: how many cases passed, failed, hung, crashed, were skipped or not reached
   within --budget seconds.
+
+--schedule S (a registry SM90_SCHEDULES value, e.g. 4 for the TMA producer alone) runs only that
+schedule: every config on the selector's geometry with it, and its other geometries.
 
 Children build the kernel with its barrier watchdog (SGJIT_SM90_WATCHDOG, --watchdog-ms) except
 the builds marked `"watchdog": false`, so a barrier deadlock traps with a line naming the barrier,
@@ -45,14 +48,17 @@ STARTUP_TIMEOUT = 60.0  # a child's imports and CUDA context
 
 @dataclass(frozen=True)
 class Build:
-    """One PagedAttention op: a config, the sm_90 tile (None: the selector's), watchdog or not."""
+    """One PagedAttention op: a config, the sm_90 tile (None: the selector's geometry, with
+    `schedule` where given), watchdog or not."""
 
     cfg: int
     tile: str | None
     watchdog: bool
+    schedule: int | None = None
 
     def describe(self) -> dict:
-        return {"cfg": cfg_id(CONFIGS[self.cfg]), "tile": self.tile or "selected", "watchdog": self.watchdog}
+        tile = self.tile or ("selected" if self.schedule is None else f"selected, schedule {self.schedule}")
+        return {"cfg": cfg_id(CONFIGS[self.cfg]), "tile": tile, "watchdog": self.watchdog}
 
 
 @dataclass(frozen=True)
@@ -61,19 +67,37 @@ class Case:
     batch: str  # a BATCHES label, or a DIAGNOSES label
 
 
-def _tile_names() -> list[str]:
+def _tile_names(schedule: int | None) -> list[str]:
     from sgjit.kernels.registry import SM90_PREFILL_TILES
 
-    return [t.name for t in SM90_PREFILL_TILES]
+    return [t.name for t in SM90_PREFILL_TILES if schedule is None or t.schedule == schedule]
 
 
-# The selector's tile for CONFIGS[0] is the first registered one (test_kernels_select checks it).
-BUILDS = (
-    [Build(c, None, True) for c in range(len(CONFIGS))]
-    + [Build(0, t, True) for t in _tile_names()[1:]]
-    + [Build(0, None, False)]
-)
-PRODUCTION = len(BUILDS) - 1
+def _builds(schedule: int | None) -> list[Build]:
+    """Every config on the selector's tile (its geometry with `schedule` where given), the other
+    registered tiles (of `schedule`) on the first config, and the production build without the
+    watchdog. The selector's tile for CONFIGS[0] is the first registered one (test_kernels_select
+    checks it), so is the first of each schedule's geometry."""
+    return (
+        [Build(c, None, True, schedule) for c in range(len(CONFIGS))]
+        + [Build(0, t, True) for t in _tile_names(schedule)[1:]]
+        + [Build(0, None, False, schedule)]
+    )
+
+
+BUILDS: list[Build] = []
+PRODUCTION = 0
+CASES: list[Case] = []
+SCHEDULE: int | None = None
+
+
+def configure(schedule: int | None) -> None:
+    """The builds and cases of a run (parent and children alike: cases travel as indices)."""
+    global BUILDS, PRODUCTION, CASES, SCHEDULE
+    SCHEDULE = schedule
+    BUILDS = _builds(schedule)
+    PRODUCTION = len(BUILDS) - 1
+    CASES = _cases()
 
 
 def _cases() -> list[Case]:
@@ -89,7 +113,7 @@ def _cases() -> list[Case]:
     return cases
 
 
-CASES = _cases()
+configure(None)
 
 
 def describe(i: int) -> dict:
@@ -115,7 +139,7 @@ def _build_op(build: Build, watchdog_ms: int):
     tile = next((t for t in SM90_PREFILL_TILES if t.name == build.tile), None)
     _say({"compiling": build.describe()})
     t0 = time.perf_counter()
-    op = make_op(CONFIGS[build.cfg], tile)
+    op = make_op(CONFIGS[build.cfg], tile, build.schedule)
     sm90 = op.sm90.tile.name if op.sm90 is not None else None
     _say({"compiled": build.describe(), "s": round(time.perf_counter() - t0, 2), "sm90": sm90})
     return op
@@ -212,7 +236,7 @@ def child(indices: list[int], watchdog_ms: int) -> None:
 def compile_child(b: int, watchdog_ms: int) -> None:
     """Build b, and its twin without the watchdog (the binary pytest runs) unless that is a build too."""
     builds = [BUILDS[b]]
-    twin = Build(BUILDS[b].cfg, BUILDS[b].tile, False)
+    twin = Build(BUILDS[b].cfg, BUILDS[b].tile, False, BUILDS[b].schedule)
     if twin not in BUILDS:
         builds.append(twin)
     failed = False
@@ -246,12 +270,14 @@ class Log:
 
 class Child:
     """A child process in its own session (so a kill takes what it started), its merged stdout and
-    stderr read by a thread into a queue; None marks the end."""
+    stderr read by a thread into a queue; None marks the end. It runs this run's schedule."""
 
     current: list[Child] = []
 
     def __init__(self, args: list[str]) -> None:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        if SCHEDULE is not None:
+            args = [*args, "--schedule", str(SCHEDULE)]
         self.proc = subprocess.Popen(
             [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, bufsize=1, env=env, start_new_session=True,
@@ -395,9 +421,11 @@ def main() -> None:
     ap.add_argument("--case-timeout", type=float, default=20.0)
     ap.add_argument("--compile-timeout", type=float, default=90.0)
     ap.add_argument("--watchdog-ms", type=int, default=1000)
+    ap.add_argument("--schedule", type=int, help="only this sm_90 schedule (registry SM90_SCHEDULES)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--compile", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    configure(args.schedule)
     if args.child is not None:
         child([int(i) for i in args.child.split(",")], args.watchdog_ms)
         return

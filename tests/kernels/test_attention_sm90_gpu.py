@@ -2,8 +2,9 @@
 only (skipped elsewhere): fresh prompts of 1 to 4097 tokens (tile edges and past them), prompts over
 cached prefixes with partial pages, several rows of different lengths in one step, decode rows
 mixed in, few long rows (split keys), bf16 and fp16, GQA groups 1/3/4/7/8, head_dim 64 and 128,
-pages of 16/32/64 slots, every consumer schedule (serial, intra-warpgroup overlap, ping-pong, both),
-every registered tile. Errors are ‖out − ref‖ / ‖ref‖ against the
+pages of 16/32/64 slots, every consumer schedule (serial, intra-warpgroup overlap, ping-pong, both)
+and the TMA producer under the serial and the overlapped ping-pong consumers, every registered tile,
+and a layer past the first of a many-layer pool (the TMA producer's tensor map spans all layers). Errors are ‖out − ref‖ / ‖ref‖ against the
 reference on float32 inputs, at test_kernels_gpu's attention tolerances; pages no row owns hold
 NaN and padding slots hold large values, so a read outside a row's keys shows.
 
@@ -20,7 +21,8 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
-from sgjit.kernels.registry import SM90_CC, SM90_PREFILL_TILES, SM90_SCHEDULES, Sm90Tile
+from sgjit.kernels.ops import LayerKV
+from sgjit.kernels.registry import SM90_CC, SM90_PREFILL_TILES, SM90_SCHEDULES, SM90_TMA, Sm90Tile
 from sgjit.kernels.selector import KernelSelector
 from sgjit.kernels.spec import ModelShapes
 from sgjit.kernels.synthetic import paged_attention_case
@@ -151,3 +153,37 @@ def test_sm90_prefill_is_deterministic(schedule):
     first = op(case.q, case.kv, case.meta, 128**-0.5)
     for _ in range(3):
         assert torch.equal(op(case.q, case.kv, case.meta, 128**-0.5), first)
+
+
+@pytest.mark.parametrize("schedule", SM90_SCHEDULES, ids=lambda s: f"schedule{s}")
+def test_sm90_prefill_reads_its_layer_of_a_many_layer_pool(schedule):
+    """K/V as the runtime's pool hands them out: views of layer 2 of one [layers, pages, slot, head, D]
+    tensor whose other layers hold NaN, so a copy from the wrong layer (the TMA map's layer
+    coordinate, or its strides) shows; the same twice, the second time from the cached map."""
+    cfg = CONFIGS[0]
+    dtype, hq, hkv, d, page = cfg
+    op = make_op(cfg, schedule=schedule)
+    case = paged_attention_case([700, 33], [700, 33 + 300], hq, hkv, d, page, dtype, dtype, DEV, seed=5)
+    pool_k = torch.full((4, *case.kv.k.shape), float("nan"), dtype=dtype, device=DEV)
+    pool_v = torch.full_like(pool_k, float("nan"))
+    pool_k[2].copy_(case.kv.k)
+    pool_v[2].copy_(case.kv.v)
+    kv = LayerKV(pool_k[2], pool_v[2])
+    ref = reference.attention(case.q.float(), case.kv, case.meta, d**-0.5).double()
+    for _ in range(2):
+        out = op(case.q, kv, case.meta, d**-0.5).double()
+        err = ((out - ref).norm() / ref.norm()).item()
+        assert not torch.isnan(out).any() and err < ATTN_TOL[dtype], err
+    if schedule & SM90_TMA:
+        assert len(op.sm90.maps._maps) == 1  # one map pair for the pool, whichever layer
+
+
+@pytest.mark.parametrize("tile", [t for t in SM90_PREFILL_TILES if t.tma], ids=lambda t: t.name)
+def test_sm90_tma_tiles_on_pages_larger_than_a_tile(tile):
+    """Pages of 128 slots: a TMA box is the tile's part of a page (slot 0, or 64 for 64-key tiles),
+    the tensor map's slot coordinate; the other configs' pages hold whole tiles' boxes."""
+    cfg = (torch.bfloat16, 16, 2, 128, 128)
+    op = make_op(cfg, tile)
+    for i, (label, q_lens, kv_lens) in enumerate(BATCHES):
+        if label in TILE_BATCHES:
+            _assert_ok(check(op, cfg, q_lens, kv_lens, seed=200 + i), cfg[0])

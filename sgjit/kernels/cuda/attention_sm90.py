@@ -3,7 +3,8 @@ has the warpgroup MMAs. CuPy passes NVRTC `-arch=sm_90` for the device; NVRTC ke
 `-arch=sm_90a` given with it (checked with NVRTC 13.0: the cubin's target is sm_90a either order).
 `PagedAttention` calls it for prefill and mixed steps; decode stays on attention.cu.
 `SGJIT_SM90_WATCHDOG=<ms>` builds it with the kernel's barrier watchdog (debug runs: a deadlock
-traps instead of hanging the process)."""
+traps instead of hanging the process). A tile with the TMA schedule bit loads K/V through tensor
+maps over the pool (tensor_map.py), built on the pool's first launch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from sgjit.errors import KernelError
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
+from sgjit.kernels.cuda.tensor_map import PoolMaps
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 from sgjit.kernels.registry import Sm90Tile
 from sgjit.kernels.sources import CPP_TYPES
@@ -38,6 +40,8 @@ class Sm90Prefill:
     def __init__(self, shapes: ModelShapes, tile: Sm90Tile) -> None:
         if shapes.kv_dtype != shapes.dtype:
             raise ValueError(f"the sm_90 prefill kernel reads {shapes.dtype} pools, not {shapes.kv_dtype}")
+        if not tile.serves_page(shapes.page_size):
+            raise ValueError(f"sm_90 prefill tile {tile.name} cannot read pages of {shapes.page_size} slots")
         self.shapes, self.tile = shapes, tile
         name = attention_sm90_name(shapes, tile)
         watchdog_ms = env().sm90_watchdog_ms
@@ -50,6 +54,7 @@ class Sm90Prefill:
             )
         self.smem = tile.smem_bytes(shapes.head_dim)
         allow_smem(self.kernel, self.smem)
+        self.maps = PoolMaps(min(shapes.page_size, tile.bn)) if tile.tma else None
 
     def __call__(
         self,
@@ -65,11 +70,13 @@ class Sm90Prefill:
     ) -> None:
         hkv, items, splits = grid
         table = meta.page_table
+        maps, layer = self.maps(kv.k, kv.v) if self.maps is not None else (None, 0)
         for base in range(0, items, MAX_GRID_Y):  # one launch unless a prefill has > 65535 m tiles
             launch(
                 self.kernel, (hkv, min(MAX_GRID_Y, items - base), splits), Sm90Tile.THREADS,
                 (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
                  ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(work), np.int32(base), ptr(out), ptr(part_o),
-                 ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2)),
+                 ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2), ptr(maps),
+                 np.int32(layer)),
                 self.smem,
             )  # fmt: skip
