@@ -27,8 +27,8 @@ from sgjit.kernels.registry import (
     MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
     SM90_CC,
-    SM90_DEFAULT_SCHEDULE,
     SM90_HEAD_DIMS,
+    SM90_SCHEDULE_PREFERENCE,
     STREAM_HEAD_DIMS,
     STREAM_MAX_GROUP,
     STREAM_TILES,
@@ -138,7 +138,7 @@ def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm9
     """The Hopper prefill kernel's tile where it serves: compute capability 9.0 exactly (sm_90a code
     runs nowhere else), a 16-bit pool of the model's dtype (fp8 pools stay on mma.sync), head_dim 64
     or 128, pages of at least BN / 32 slots (8 for the TMA producer); the first registered tile of
-    SM90_DEFAULT_SCHEDULE that fits shared memory."""
+    the first schedule in SM90_SCHEDULE_PREFERENCE that fits shared memory and the page size."""
     if profile.compute_capability != SM90_CC:
         return None, ""
     why_not = None
@@ -148,13 +148,18 @@ def _sm90_prefill_tile(profile: DeviceProfile, shapes: ModelShapes) -> tuple[Sm9
         why_not = f"head_dim {shapes.head_dim}"
     if why_not:
         return None, f"; no sm_90 prefill ({why_not})"
-    schedule = SM90_DEFAULT_SCHEDULE
-    for t in variant("attention", CUDA).tunables["prefill_sm90"]:
-        if t.schedule == schedule and t.fits(profile, shapes.head_dim) and t.serves_page(shapes.page_size):
-            return (
-                t,
-                f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",
-            )
+    tiles = variant("attention", CUDA).tunables["prefill_sm90"]
+    for schedule in SM90_SCHEDULE_PREFERENCE:
+        for t in tiles:
+            if (
+                t.schedule == schedule
+                and t.fits(profile, shapes.head_dim)
+                and t.serves_page(shapes.page_size)
+            ):
+                return (
+                    t,
+                    f"; prefill on sm_90 by warpgroup MMAs, {t.name} ({t.smem_bytes(shapes.head_dim) // 1024} KB)",
+                )
     return None, "; no sm_90 prefill tile fits"
 
 

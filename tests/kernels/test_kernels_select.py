@@ -238,7 +238,7 @@ def test_sm90_prefill_only_on_hopper_for_16bit_pools():
     for device in ("H200", "H100-SXM5-80GB"):
         ks = KernelSelector().select(PROFILES[device], shapes())
         t = ks["attention"].tunables
-        assert t["prefill_sm90"].name == "sm90b128s2op" and "sm90b128s2op" in ks["attention"].reason
+        assert t["prefill_sm90"].name == "sm90b128s2opt" and "sm90b128s2opt" in ks["attention"].reason
         assert t["prefill_sm90"].fits(PROFILES[device], 128) and t["decode_tile"].name == "m1x1n2b32s2"
     for device in ("A100-SXM4-80GB", "L4", "RTX-4090"):
         assert "prefill_sm90" not in KernelSelector().select(PROFILES[device], shapes())["attention"].tunables
@@ -256,19 +256,24 @@ def unverified_kernels(monkeypatch):
     monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
 
 
-def test_sm90_prefill_takes_the_overlapped_ping_pong_schedule():
-    """The Hopper prefill runs FlashAttention-3's intra-warpgroup overlap and ping-pong (the schedule
-    verified and fastest on the H100) on the preferred geometry, at head_dim 128 and 64, and names it."""
-    from sgjit.kernels.registry import SM90_DEFAULT_SCHEDULE, SM90_OVERLAP, SM90_PINGPONG
+def test_sm90_prefill_takes_tma_under_the_overlapped_ping_pong_consumers():
+    """The Hopper prefill loads K/V by TMA under FlashAttention-3's intra-warpgroup overlap and
+    ping-pong (verified and fastest on the H100) on the preferred geometry, at head_dim 128 and 64;
+    pages smaller than a TMA box's 8-row swizzle atom keep the same consumers on the cp.async
+    producer. The reason names the tile."""
+    from sgjit.kernels.registry import SM90_OVERLAP, SM90_PINGPONG, SM90_SCHEDULE_PREFERENCE, SM90_TMA
 
-    assert SM90_DEFAULT_SCHEDULE == SM90_OVERLAP | SM90_PINGPONG
+    consumers = SM90_OVERLAP | SM90_PINGPONG
+    assert SM90_SCHEDULE_PREFERENCE == (consumers | SM90_TMA, consumers)
     for device in ("H200", "H100-SXM5-80GB"):
         attn = KernelSelector().select(PROFILES[device], shapes())["attention"]
         tile = attn.tunables["prefill_sm90"]
-        assert (tile.bn, tile.stages, tile.schedule) == (128, 2, SM90_DEFAULT_SCHEDULE)
-        assert tile.name == "sm90b128s2op" and tile.name in attn.reason
+        assert (tile.bn, tile.stages, tile.schedule) == (128, 2, consumers | SM90_TMA)
+        assert tile.name == "sm90b128s2opt" and tile.name in attn.reason
     small = KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["attention"]
-    assert small.tunables["prefill_sm90"].schedule == SM90_DEFAULT_SCHEDULE  # head_dim 64
+    assert small.tunables["prefill_sm90"].schedule == consumers | SM90_TMA  # head_dim 64
+    tiny_pages = KernelSelector().select(PROFILES["H200"], shapes(page=4))["attention"].tunables
+    assert tiny_pages["prefill_sm90"].name == "sm90b128s2op"
 
 
 def test_sm90_tiles_cover_every_geometry_with_every_schedule():

@@ -126,7 +126,7 @@ class PoolMaps:
 
     def __init__(self, box_rows: int) -> None:
         self.box_rows = box_rows
-        self._maps: dict[tuple, torch.Tensor] = {}
+        self._maps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (device, pinned host)
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(the maps' device buffer, the layer index) for one layer's K and V views."""
@@ -134,14 +134,15 @@ class PoolMaps:
         if k_layer != v_layer or k.shape != v.shape or k.dtype != v.dtype:
             raise KernelError("K and V must be the same layer of two pools of one shape for the TMA producer")
         key = (k_base, k_layers, v_base, v_layers, tuple(k.shape), k.dtype)
-        buf = self._maps.get(key)
-        if buf is None:
+        if key not in self._maps:
             shape = tuple(k.shape)
             k_map = encode(pool_map(shape, k_layers, k.element_size(), self.box_rows), k_base)
             v_map = encode(pool_map(shape, v_layers, v.element_size(), self.box_rows), v_base)
-            host = torch.frombuffer(bytearray(k_map + v_map), dtype=torch.uint8)
-            buf = host.to(k.device)  # a blocking copy: written before any launch that reads it
+            host = torch.frombuffer(bytearray(k_map + v_map), dtype=torch.uint8).pin_memory()
+            # queued on the current stream ahead of the launch that reads it; no wait for a step in
+            # flight (overlap scheduling), and the pinned source is kept with the buffer
+            buf = host.to(k.device, non_blocking=True)
             if buf.data_ptr() % MAP_ALIGN:
                 raise KernelError(f"tensor map buffer at {buf.data_ptr():#x} is not {MAP_ALIGN}-byte aligned")
-            self._maps[key] = buf
-        return buf, k_layer
+            self._maps[key] = (buf, host)
+        return self._maps[key][0], k_layer
