@@ -393,7 +393,7 @@ class Engine:
         for i, (row, budget) in enumerate(zip(rows, budgets)):
             req = row.req
             launch.bases.append(len(req.tokens))
-            req.tokens.extend(futures.placeholder(k, i) for k in range(budget))
+            req.tokens.extend(futures.placeholders(i, budget))
             req.num_computed = row.start + budget  # the KV of every input but the last token drawn
         self.counters["steps"] += self.runner.multi_steps
         self.counters["multi_step_launches"] += 1
@@ -422,6 +422,7 @@ class Engine:
         }
         outputs = {j: HostLogprobs.read(lp, host) for j, lp in launch.output_logprobs.items()}
         sampled = dict(zip(launch.sampled, range(len(launch.sampled))))
+        columns = list(zip(*tokens)) if launch.multi else []  # a multi-step row's tokens: a column
         updates: list[TokenUpdate] = []
         ended: list[tuple[Request, FinishReason, Exception | None]] = []
         text_rows: list[tuple[Request, FinishReason | None]] = []
@@ -438,7 +439,7 @@ class Engine:
                     ended.append((req, FinishReason.at_length(req.params.max_new_tokens), None))
                 continue
             base, count = launch.bases[j], launch.counts[j]
-            got = [tokens[k][j] for k in range(count)] if launch.multi else [tokens[j]]
+            got = list(columns[j][:count]) if launch.multi else [tokens[j]]
             req.tokens[base : base + count] = got
             try:
                 end, reason = first_finish(req, base, got, self.max_model_len)

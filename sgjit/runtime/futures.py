@@ -22,6 +22,10 @@ class TokenFutures:
     def placeholder(self, step: int, row: int) -> int:
         return -(1 + step * self.width + row)
 
+    def placeholders(self, row: int, count: int) -> range:
+        """Row `row`'s placeholders for steps 0 .. count - 1 (`placeholder(k, row)` for each k)."""
+        return range(-(1 + row), -(1 + row) - count * self.width, -self.width)
+
     def resolve(self, ids: torch.Tensor) -> torch.Tensor:
         """`ids` with each placeholder replaced by the token it names (device work only)."""
         flat = self.tokens.view(-1)
