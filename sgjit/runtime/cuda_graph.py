@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from sgjit.kernels import reference
@@ -40,22 +39,6 @@ def batch_buckets(max_bs: int) -> list[int]:
     return sorted({min(s, max_bs) for s in sizes})
 
 
-def _fill_page_table(table: np.ndarray, loaded: list[list[int]], page_rows: list[list[int]]) -> None:
-    """Row i of `table` gets `page_rows[i]` (cut at the table's width) and the scratch page after it;
-    rows past `page_rows` get the scratch page alone. `loaded` (what the table holds) is updated.
-    Only rows that differ are written: a numpy row write from a list costs more than comparing
-    two short lists."""
-    width = table.shape[1]
-    rows = [pages[:width] for pages in page_rows]
-    for i, row in enumerate(rows):
-        if i < len(loaded) and loaded[i] == row:
-            continue
-        table[i, : len(row)] = row
-        table[i, len(row) :] = SCRATCH_PAGE
-    table[len(rows) : len(loaded)] = SCRATCH_PAGE
-    loaded[:] = rows
-
-
 @dataclass(slots=True)
 class _HostTwins:
     """Pinned host copies of the static inputs, so a step's inputs go over in a few copies."""
@@ -64,9 +47,6 @@ class _HostTwins:
     fscalars: torch.Tensor
     table: torch.Tensor
     stop: torch.Tensor
-    # the page rows `table` holds (cut at its width; later rows hold the scratch page): a row's pages
-    # change only every page_size tokens, so most loads find most rows in place
-    loaded: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -182,7 +162,7 @@ class DecodeGraphs:
                 return _HostTwins(
                     scalars=torch.zeros(8, n, dtype=torch.int64, **pinned),
                     fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
-                    table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, **pinned),
+                    table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
                     stop=torch.ones(n, dtype=torch.bool, **pinned),
                 )
 
@@ -331,7 +311,11 @@ class DecodeGraphs:
             f[:, n:bs] = ((0.0,), (1.0,), (0.0,))  # padding rows: greedy
             f[0, :n], f[1, :n], f[2, :n] = sampling.temperature, sampling.top_p, sampling.min_p
             b.fscalars[:, :bs].copy_(host.fscalars[:, :bs], non_blocking=True)
-        _fill_page_table(host.table.numpy(), host.loaded, page_rows)
+        table = host.table.numpy()
+        table[:bs] = SCRATCH_PAGE
+        width = table.shape[1]
+        for i, pages in enumerate(page_rows):
+            table[i, : min(len(pages), width)] = pages[:width]
         b.scalars[:, :bs].copy_(host.scalars[:, :bs], non_blocking=True)
         b.kv_lens[:bs].copy_(b.scalars[3, :bs])
         b.page_table[:bs].copy_(host.table[:bs], non_blocking=True)
