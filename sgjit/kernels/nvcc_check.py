@@ -31,7 +31,14 @@ from sgjit.kernels.cuda.megakernel import megakernel_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
 from sgjit.kernels.cuda.sampling import SAMPLING_NAMES
-from sgjit.kernels.registry import CUDA, HALF_DTYPES, MEGAKERNEL_ROW_CHOICES, StreamTile, variant
+from sgjit.kernels.registry import (
+    CUDA,
+    HALF_DTYPES,
+    MEGAKERNEL_ROW_CHOICES,
+    SM90_SCHEDULE_PREFERENCE,
+    StreamTile,
+    variant,
+)
 from sgjit.kernels.selector import FUSED_ROWS, FUSED_ROWS_SMALL_LAYERS
 from sgjit.kernels.sources import family_source
 from sgjit.kernels.spec import ModelShapes
@@ -74,10 +81,9 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
     stream = _stream_instantiations(dtypes, kvs, dims_groups, full)
     sm90_tiles = tiles["prefill_sm90"]
     sm90 = {attention_sm90_name(base, t) for t in sm90_tiles}
-    # by default the preferred geometry of each consumer schedule
-    sm90_firsts = [
-        next(t for t in sm90_tiles if t.schedule == s) for s in dict.fromkeys(t.schedule for t in sm90_tiles)
-    ]
+    # every registered tile at the base shape; by default, at the other shapes, the preferred geometry
+    # of each schedule the selector can pick (what serves), not of those kept for the benchmark
+    sm90_firsts = [next(t for t in sm90_tiles if t.schedule == s) for s in SM90_SCHEDULE_PREFERENCE]
     for dt, (d, g), page in itertools.product(dtypes, dims_groups, pages):
         shapes = _shapes(dt, dt, d, g, page)
         sm90 |= {attention_sm90_name(shapes, t) for t in (sm90_tiles if full else sm90_firsts)}
