@@ -1,7 +1,7 @@
 """`python -m sgjit.bench.host_profile`: where the engine thread's time per decode step goes. A
-greedy generation of --output-len tokens a row at each --batch-size runs twice (on the CPU on the
-bucketed decode path, run eagerly, which is the GPU's path without graphs) (the first warms and
-captures); during the second, cProfile records the engine thread inside its launch and completion
+greedy generation of --output-len tokens a row at each --batch-size runs twice: the first warms and
+captures (on the CPU the bucketed decode path runs eagerly: the GPU's path without graphs); during
+the second, cProfile records the engine thread inside its launch and completion
 methods (`Engine._launch_multi`, `_launch_rows`, `_complete`), and each multi-step graph replay's
 host time is taken alone. Prints the engine's `host_us_per_step` (what bench.latency reports), the
 replay's share, and the profile's top functions by own and by cumulative time.
