@@ -14,6 +14,21 @@ from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
 
 
+def random_model_weights(
+    cfg, device: torch.device, seed: int, norm_seed: int, norm_spread: float
+) -> dict[str, torch.Tensor]:
+    """bf16 random weights of `cfg`'s shape with the norm weights drawn around 1 (+- `norm_spread`),
+    since all-ones norms would hide a norm weight applied wrongly."""
+    from sgjit.runtime.model.presets import random_weights
+
+    weights = random_weights(cfg, seed=seed, device=device, dtype=torch.bfloat16)
+    g = torch.Generator(device=device).manual_seed(norm_seed)
+    for name, w in weights.items():
+        if name.endswith("norm.weight"):
+            weights[name] = (1 + norm_spread * torch.randn(w.shape, device=device, generator=g)).to(w.dtype)
+    return weights
+
+
 class Side:
     """One model + ops table with its own pool and page lists (rows own interleaved pages, so a
     row's tokens are not contiguous in the pool); `step` runs the tokens from `starts` on."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_steps import rel_err
+from model_steps import random_model_weights, rel_err
 
 from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
@@ -283,14 +283,10 @@ def test_fused_decode_matches_the_unfused_kernels(shape):
     from sgjit.kernels.spec import KernelChoice, KernelSet, ModelShapes, Workload
     from sgjit.kernels.table import build_ops
     from sgjit.runtime.model.llama import LlamaModel
-    from sgjit.runtime.model.presets import random_weights, shape_config
+    from sgjit.runtime.model.presets import shape_config
 
     cfg = shape_config(shape)
-    weights = random_weights(cfg, seed=2, device=DEV, dtype=torch.bfloat16)
-    g = torch.Generator(device=DEV).manual_seed(3)
-    for name, w in weights.items():
-        if name.endswith("norm.weight"):
-            weights[name] = (1 + 0.2 * torch.randn(w.shape, device=DEV, generator=g)).to(w.dtype)
+    weights = random_model_weights(cfg, DEV, seed=2, norm_seed=3, norm_spread=0.2)
     exact = {k: v.float() for k, v in weights.items()}
     rows, max_tokens = len(PROMPT_LENS), max(PROMPT_LENS) + STEPS + 1
     profile = device_profile(DEV)

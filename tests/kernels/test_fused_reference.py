@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from model_steps import Side
+from model_steps import Side, random_model_weights
 
 from sgjit.kernels.reference import REFERENCE_OPS
 from sgjit.runtime.model.config import RopeConfig
 from sgjit.runtime.model.llama import LlamaModel
-from sgjit.runtime.model.presets import random_weights, shape_config
+from sgjit.runtime.model.presets import shape_config
 
 BASE = shape_config("smollm2-135m", 2)
 CONFIGS = {
@@ -27,12 +27,7 @@ CONFIGS = {
 
 
 def _weights(cfg) -> dict[str, torch.Tensor]:
-    weights = random_weights(cfg, seed=5, dtype=torch.bfloat16)
-    g = torch.Generator().manual_seed(6)
-    for name, w in weights.items():
-        if name.endswith("norm.weight"):  # ones would hide a norm weight applied wrongly
-            weights[name] = (1 + 0.3 * torch.randn(w.shape, generator=g)).to(w.dtype)
-    return weights
+    return random_model_weights(cfg, torch.device("cpu"), seed=5, norm_seed=6, norm_spread=0.3)
 
 
 def _model(cfg, dtype: torch.dtype = torch.bfloat16) -> LlamaModel:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_steps import Side, teacher_forced
+from model_steps import Side, random_model_weights, teacher_forced
 
 from sgjit.kernels.ops import OpTable
 
@@ -46,14 +46,10 @@ def setup():
     from sgjit.kernels.spec import KernelChoice, ModelShapes, Workload
     from sgjit.kernels.table import build_ops
     from sgjit.runtime.model.llama import LlamaModel
-    from sgjit.runtime.model.presets import random_weights, shape_config
+    from sgjit.runtime.model.presets import shape_config
 
     cfg = shape_config("smollm2-135m")
-    weights = random_weights(cfg, seed=2, device=DEV, dtype=torch.bfloat16)
-    g = torch.Generator(device=DEV).manual_seed(3)
-    for name, w in weights.items():
-        if name.endswith("norm.weight"):
-            weights[name] = (1 + 0.2 * torch.randn(w.shape, device=DEV, generator=g)).to(w.dtype)
+    weights = random_model_weights(cfg, DEV, seed=2, norm_seed=3, norm_spread=0.2)
     exact = {k: v.float() for k, v in weights.items()}
     profile = device_profile(DEV)
     shapes = ModelShapes.from_config(cfg, torch.bfloat16, torch.bfloat16, 16)
