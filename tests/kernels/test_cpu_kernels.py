@@ -7,6 +7,11 @@ SIMD build; and a clean fallback when the kernels cannot be built."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,6 +224,20 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog)
     with caplog.at_level(logging.WARNING, logger="sgjit.kernels.cpp.build"):
         assert build._build("portable") is None
     assert "could not be built" in caplog.text
+
+
+def test_a_build_killed_midway_does_not_stop_the_next_process(tmp_path):
+    """torch's build lock file, left behind by a build that was killed (a server stopped during its
+    first start), made every later process wait on it forever. A new process now loads the build
+    as usual. Shown on a copy of this process's build with such a leftover lock, in a child process
+    under a time limit."""
+    built = Path(NATIVE.__file__).parent
+    shutil.copytree(built, tmp_path / "cpu_kernels" / built.name)
+    (tmp_path / "cpu_kernels" / built.name / "lock").write_text("")
+    code = f"from sgjit.kernels.cpp import build; assert build._build({build.requested_tier()!r}) is not None"
+    env = {**os.environ, "SGJIT_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=240, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_kernels_off_serves_dequantized_weights_on_torch_ops(monkeypatch):

@@ -9,6 +9,7 @@ a compiler, or when the build fails, the torch ops serve instead; that is logged
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import threading
@@ -97,10 +98,17 @@ def _build(tier: str) -> ModuleType | None:
     directory = env().cache_dir / "cpu_kernels" / name
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        module = load(
-            name, [str(here / f) for f in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(here)], build_directory=str(directory), verbose=False,
-        )  # fmt: skip
+        # torch's load() guards a build with a plain `lock` file that a killed build leaves behind,
+        # after which every later process waits on it forever, silently (a server stopped during its
+        # first start never started again). Builds here take an OS lock instead, which dies with its
+        # holder; under it, a `lock` file can only be such a leftover.
+        with open(directory / "build.flock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (directory / "lock").unlink(missing_ok=True)
+            module = load(
+                name, [str(here / f) for f in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(here)], build_directory=str(directory), verbose=False,
+            )  # fmt: skip
     except Exception as e:  # no compiler, no ninja, a failed build: the torch ops serve instead
         log.warning(
             "sgjit's C++ CPU kernels (%s) could not be built, so the CPU runs on torch ops with "
