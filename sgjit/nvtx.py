@@ -1,12 +1,13 @@
-"""NVTX ranges (visible in Nsight Systems) around scheduler steps, forward passes, kernel launches and
-plan nodes. They cost nothing unless switched on (`SGJIT_NVTX=1`, or while a profiler window is
-open). Ground floor: every layer may mark its work, so this module imports nothing of sgjit."""
+"""Named ranges around scheduler steps, forward passes, kernel launches and plan nodes: NVTX ranges
+(visible in Nsight Systems) on a GPU, and torch.profiler ranges on any device. They cost nothing
+unless switched on (`SGJIT_NVTX=1`, or while a profiler window is open). Ground floor: every layer may
+mark its work, so this module imports nothing of sgjit."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -15,7 +16,7 @@ _nvtx_on = os.environ.get("SGJIT_NVTX", "0") == "1"
 
 def set_nvtx(enabled: bool) -> None:
     global _nvtx_on
-    _nvtx_on = enabled and torch.cuda.is_available()
+    _nvtx_on = enabled
 
 
 def reset_nvtx() -> None:
@@ -24,12 +25,22 @@ def reset_nvtx() -> None:
 
 
 @contextlib.contextmanager
-def nvtx_range(name: str) -> Iterator[None]:
+def nvtx_range(name: str | Callable[[], str]) -> Iterator[None]:
+    """An NVTX range on a GPU, and the same range in a torch.profiler trace (a `user_annotation` on
+    the host, and on a GPU a `gpu_user_annotation` over the kernels it launched), so
+    `sgjit.bench.trace_summary` can split a trace by engine step. `name` may be a function, called only
+    while ranges are on (for names that cost a loop)."""
     if not _nvtx_on:
         yield
         return
-    torch.cuda.nvtx.range_push(name)
+    if callable(name):
+        name = name()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
     try:
-        yield
+        with torch.profiler.record_function(name):
+            yield
     finally:
-        torch.cuda.nvtx.range_pop()
+        if cuda:
+            torch.cuda.nvtx.range_pop()

@@ -29,6 +29,9 @@ class EnvSettings:
     # kernel until its GPU tests have passed, or one that passed but measured no faster than what it
     # would replace (today: the decode megakernel).
     unverified_kernels: bool
+    # "1": profile windows (`--profile-dir`, `Runtime.profile`) also record Python call stacks, so a
+    # trace shows which Python functions the host time went to (slower; bench.trace_summary reads it)
+    profile_with_stack: bool
 
     @classmethod
     def read(cls) -> EnvSettings:
@@ -40,6 +43,7 @@ class EnvSettings:
             eager_decode_graphs=_env("EAGER_DECODE_GRAPHS", "0") == "1",
             sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),
             unverified_kernels=_env("UNVERIFIED_KERNELS", "0") == "1",
+            profile_with_stack=_env("PROFILE_WITH_STACK", "0") == "1",
         )
 
 

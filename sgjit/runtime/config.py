@@ -41,6 +41,9 @@ class RuntimeConfig:
     jit_cache_limit: int = 64
     jit_arg_budget: int = 256  # tokens a compiled plan reserves for each argument in its worst case
     cuda_graph_max_bs: int = 256
+    # capture every batch bucket's decode graph while loading (sgjit serve does by default), so no
+    # request waits for a capture once traffic comes; else each is captured when first needed
+    cuda_graph_warmup: bool = False
     multi_step: int = 8  # decode steps per multi-step launch (GPU, on the decode-graph path)
     # launch step N+1 while step N runs on the device, reading step N's tokens there; None = on a GPU
     # with tp = 1 (the other tensor-parallel ranks need every step's tokens from rank 0's host)

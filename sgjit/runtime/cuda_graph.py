@@ -138,11 +138,19 @@ class DecodeGraphs:
     def batch_bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def context_bucket(self, max_kv_len: int) -> int:
+    def context_bucket(self, max_kv_len: int, bs: int) -> int:
+        """The context bound of the graph that serves `bs` rows of at most `max_kv_len` keys: a power
+        of two from 512, or the runtime's whole context wherever the attention op launches the same
+        grid for both (large batches), so one graph a batch bucket serves every context there.
+        Without the op's say (the reference attention sizes its work by the bound) the power of two."""
         ctx = MIN_CONTEXT_BUCKET
         while ctx < max_kv_len:
             ctx *= 2
-        return min(ctx, self.max_context)
+        ctx = min(ctx, self.max_context)
+        launch = getattr(self.model.ops.attention, "decode_launch", None)
+        if launch is not None and launch(bs, ctx) == launch(bs, self.max_context):
+            return self.max_context
+        return ctx
 
     def can_run(self, num_rows: int, max_kv_len: int) -> bool:
         return num_rows <= self.max_bs and max_kv_len <= self.max_context
@@ -162,7 +170,7 @@ class DecodeGraphs:
                 return _HostTwins(
                     scalars=torch.zeros(8, n, dtype=torch.int64, **pinned),
                     fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
-                    table=torch.zeros(n, pages, dtype=torch.int32, **pinned),
+                    table=torch.zeros(n * pages, dtype=torch.int32, **pinned),  # [bs, used width] a load
                     stop=torch.ones(n, dtype=torch.bool, **pinned),
                 )
 
@@ -269,11 +277,14 @@ class DecodeGraphs:
         if self.device.type == "cpu":
             self.compute_seconds += time.perf_counter() - t
 
-    def warm(self, max_bs: int | None = None, contexts: list[int] | None = None) -> None:
-        """Capture ahead of time (largest first, so smaller graphs reuse the pool's memory)."""
-        for ctx in contexts or [self.max_context]:
-            for bs in reversed([b for b in self.buckets if b <= (max_bs or self.max_bs)]):
-                self.graph(bs, self.context_bucket(ctx))
+    def warm(self, max_bs: int | None = None) -> None:
+        """Capture the multi-step greedy graph (what pure decode launches replay) of every batch
+        bucket up to `max_bs` for the shortest contexts, largest first so smaller graphs reuse the
+        pool's memory. Where the attention launch does not depend on the context (large batches),
+        that graph serves every context."""
+        top = self.batch_bucket(min(max_bs or self.max_bs, self.max_bs))
+        for bs in reversed([b for b in self.buckets if b <= top]):
+            self.graph(bs, self.context_bucket(1, bs), self.steps)
 
     def _park(self, b: _Buffers) -> None:
         """Point every row of the buffers at the scratch page (position 0, context 1, no budget)."""
@@ -311,14 +322,17 @@ class DecodeGraphs:
             f[:, n:bs] = ((0.0,), (1.0,), (0.0,))  # padding rows: greedy
             f[0, :n], f[1, :n], f[2, :n] = sampling.temperature, sampling.top_p, sampling.min_p
             b.fscalars[:, :bs].copy_(host.fscalars[:, :bs], non_blocking=True)
-        table = host.table.numpy()
-        table[:bs] = SCRATCH_PAGE
-        width = table.shape[1]
+        # Only the columns some row uses go over (a whole-context bound can be thousands of pages
+        # wide); a row never reads past its own pages, which its kv length and reserved budget cover.
+        width = min(max(map(len, page_rows)), b.page_table.shape[1])
+        table = host.table[: bs * width].view(bs, width)
+        t = table.numpy()
+        t[:] = SCRATCH_PAGE
         for i, pages in enumerate(page_rows):
-            table[i, : min(len(pages), width)] = pages[:width]
+            t[i, : len(pages)] = pages[:width]
         b.scalars[:, :bs].copy_(host.scalars[:, :bs], non_blocking=True)
         b.kv_lens[:bs].copy_(b.scalars[3, :bs])
-        b.page_table[:bs].copy_(host.table[:bs], non_blocking=True)
+        b.page_table[:bs, :width].copy_(table, non_blocking=True)
         if stop_on_eos is not None:
             host.stop.numpy()[:n] = stop_on_eos
             b.stop_on_eos[:bs].copy_(host.stop[:bs], non_blocking=True)
@@ -329,7 +343,7 @@ class DecodeGraphs:
         """Logits [n, vocab] for n decode rows: row i feeds `tokens[i]` at `positions[i]`, writes its KV
         at `slots[i]` and attends over its first positions[i] + 1 tokens through `page_rows[i]`."""
         bs = self.batch_bucket(len(tokens))
-        ctx = self.context_bucket(max(positions) + 1)
+        ctx = self.context_bucket(max(positions) + 1, bs)
         if self.capture:
             self.graph(bs, ctx)  # capture before loading: capture parks the buffers
         self._load(bs, ctx, tokens, positions, slots, page_rows)
@@ -355,7 +369,7 @@ class DecodeGraphs:
         them."""
         n = len(tokens)
         bs = self.batch_bucket(n)
-        ctx = self.context_bucket(max(positions) + self.steps)
+        ctx = self.context_bucket(max(positions) + self.steps, bs)
         sampled = sampling is not None and not sampling.all_greedy
         if sampled and not self.samples_on_device:
             raise RuntimeError("sampled multi-step decoding needs the on-device sampling op")

@@ -36,7 +36,7 @@ from sgjit.runtime.radix_cache import RadixCache
 from sgjit.runtime.request import PrefixHandle, Request, Status
 from sgjit.runtime.result import FinishReason
 from sgjit.runtime.sampler import RowSampling, Sampler
-from sgjit.runtime.scheduler import RowChunk, Scheduler
+from sgjit.runtime.scheduler import RowChunk, ScheduledBatch, Scheduler
 from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import Tokenizer
 from sgjit.runtime.transfer import Readback, to_device
@@ -258,7 +258,7 @@ class Engine:
             return None
         self.counters["steps"] += 1
         try:
-            with nvtx_range(f"step rows={len(batch.rows)} tokens={batch.num_tokens}"):
+            with nvtx_range(lambda: _step_name(batch)):
                 return self._launch_rows(batch.rows)
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine or its batch
             raise LaunchFailed(batch.rows, e, multi=False) from e
@@ -383,7 +383,8 @@ class Engine:
         try:
             # all greedy (the common case): the graph takes the argmax and needs no sampling rows
             sampling = None if all(r.params.is_greedy for r in reqs) else RowSampling.of(reqs)
-            out = self.runner.forward_multi(rows, budgets, stop_on_eos, sampling, self.sampler.generator)
+            with nvtx_range(f"multi rows={len(rows)} steps={self.runner.multi_steps}"):
+                out = self.runner.forward_multi(rows, budgets, stop_on_eos, sampling, self.sampler.generator)
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             raise LaunchFailed(rows, e, multi=True) from e
         if out is None:
@@ -515,3 +516,9 @@ class Engine:
             self.unfinished -= 1
         self._by_id.pop(req.rid, None)
         self.output.finish(req, error, handle)
+
+
+def _step_name(batch: ScheduledBatch) -> str:
+    """An eager step's range name: its decode rows and prefill tokens (read by bench.trace_summary)."""
+    sizes = [r.end - r.start for r in batch.rows]
+    return f"step decode={sizes.count(1)} prefill={sum(n for n in sizes if n > 1)}"

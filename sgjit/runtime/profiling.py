@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from sgjit.nvtx import reset_nvtx, set_nvtx
+from sgjit.settings import env
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,8 @@ class TraceWindow:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=False)
+        stacks = env().profile_with_stack
+        self.prof = torch.profiler.profile(activities=activities, record_shapes=False, with_stack=stacks)
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

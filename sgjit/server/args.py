@@ -5,7 +5,7 @@ module imports neither FastAPI nor uvicorn, so `sgjit serve --help` stays quick.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sgjit.errors import InvalidRequestError
@@ -102,7 +102,11 @@ class ServerArgs:
         return out
 
 
-# (flag, RuntimeConfig field, argparse keywords); the default shown in --help is RuntimeConfig's.
+# Where `sgjit serve` differs from an in-process Runtime: a server warms up once for long traffic.
+SERVE_DEFAULTS: dict[str, Any] = {"cuda_graph_warmup": True}
+
+# (flag, RuntimeConfig field, argparse keywords); the default shown in --help is RuntimeConfig's,
+# or SERVE_DEFAULTS'.
 _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--model", "model", {"metavar": "PATH|NAME", "help": "bundled model name, .gguf file or Hugging Face "
      "directory (default: the bundled SmolLM2-135M-Instruct, smollm2-135m)"}),
@@ -116,6 +120,8 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--cuda-graph", "cuda_graph", {"action": argparse.BooleanOptionalAction, "help": "GPU: decode steps "
      "captured as CUDA graphs (default: with --enable-jit)"}),
     ("--disable-cuda-graph", "cuda_graph", {"action": "store_false", "help": "SGLang's name for --no-cuda-graph"}),
+    ("--cuda-graph-warmup", "cuda_graph_warmup", {"action": argparse.BooleanOptionalAction, "help": "GPU: "
+     "capture the decode graph of every batch size while loading, so no request waits for a capture"}),
     ("--num-threads", "num_threads", {"type": int, "help": "CPU: intra-op threads (default: torch's choice)"}),
     ("--device", "device", {"help": "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N"}),
     ("--tp", "tp", {"type": int, "help": "tensor-parallel ranks: the model split over this many GPUs "
@@ -166,7 +172,7 @@ _LIMIT_HELP = {
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    defaults = RuntimeConfig()
+    defaults = replace(RuntimeConfig(), **SERVE_DEFAULTS)
     for flag, name, kwargs in _RUNTIME_FLAGS:
         default = getattr(defaults, name)
         if name == "dtype" and default is None:

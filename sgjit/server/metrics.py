@@ -35,6 +35,8 @@ _GAUGES = {
     "kv_pages_evictable": ("kv_pages_evictable", "KV pages held only by the prefix cache."),
     "jit_compiles": ("jit_compiles", "Plans compiled by the JIT."),
     "jit_cache_hits": ("jit_cache_hits", "Plan runs served from the JIT cache."),
+    "cuda_graphs": ("cuda_graphs", "Decode CUDA graphs captured so far."),
+    "cuda_graph_capture_s": ("cuda_graph_capture_seconds", "Engine time spent capturing decode CUDA graphs."),
 }
 
 

@@ -72,3 +72,40 @@ def test_sampled_multi_step_matches_single_steps(runtime, bucketed):
     unseeded = rt.generate(prompts, [{**p, "seed": None} for p in params])
     assert [len(o["output_ids"]) for o in unseeded] == [13, 9, 11]
     assert_no_leaked_pages(rt)
+
+
+class _ContextFreeAttention:
+    """The reference attention, claiming (as the CUDA op does at large batches) that its decode launch
+    does not depend on the context bound from 2 rows up."""
+
+    def __init__(self, attention):
+        self.attention = attention
+
+    def __call__(self, *args):
+        return self.attention(*args)
+
+    def decode_launch(self, rows: int, max_kv_len: int) -> tuple[str, int]:
+        return ("split", 1) if rows > 1 else ("split", max_kv_len)
+
+
+def test_one_graph_serves_every_context_where_the_launch_allows(runtime):
+    """Where the attention op launches the same grid for any context bound, the graph of a batch
+    bucket is the whole-context one; its page table then goes over only as wide as the rows use,
+    and the tokens still equal plain decoding's."""
+    rt = sgjit.Runtime(
+        device="cpu", max_total_tokens=4096, max_model_len=1024, bucketed_decode=True, cuda_graph_max_bs=8,
+        multi_step=4,
+    )  # fmt: skip
+    try:
+        graphs = rt.engine.runner.graphs
+        graphs.model.ops.attention = _ContextFreeAttention(graphs.model.ops.attention)
+        assert graphs.context_bucket(100, 1) == 512
+        assert graphs.context_bucket(100, 2) == graphs.context_bucket(900, 8) == graphs.max_context == 1024
+        prompts = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):"]
+        params = [{**GREEDY, "max_new_tokens": n} for n in (7, 12, 5)]
+        out = rt.generate(prompts, params)
+        assert 1024 in graphs._buffers  # the steps of several rows ran on the whole-context buffers
+        assert [o["output_ids"] for o in out] == [o["output_ids"] for o in runtime.generate(prompts, params)]
+        assert_no_leaked_pages(rt)
+    finally:
+        rt.shutdown()

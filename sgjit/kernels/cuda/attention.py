@@ -120,6 +120,14 @@ class PagedAttention:
             self.profile, self.decode_tile, self.shapes, batch, max_context or self.max_context
         )
 
+    def decode_launch(self, rows: int, max_kv_len: int) -> tuple[str, int]:
+        """The static part of a decode step's launch for `rows` rows under a context bound: the kernel
+        and its grid's split count. A CUDA graph captured under one bound serves another wherever
+        this is the same (see `DecodeGraphs.context_bucket`)."""
+        if self.stream is not None and self.stream.smem_bytes(rows) <= self.profile.smem_per_block_optin:
+            return "stream", self.stream.ctas(rows, max_kv_len)
+        return "split", self.splits_for_batch(rows)
+
     def _plan_for(self, meta: AttentionMetadata) -> _Plan:
         if self._plan is not None and self._plan.meta is meta:
             return self._plan

@@ -1,0 +1,54 @@
+"""bench.trace_summary on a hand-made trace: kernels are credited to the step that launched them,
+GPU busy time is the union of overlapping kernels, host time is split into own times."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgjit.bench.trace_summary import step_kind, summarize, union_us
+
+
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def test_step_kinds():
+    assert step_kind("step decode=256 prefill=768") == ("mixed", 1024)
+    assert step_kind("step decode=3 prefill=0") == ("decode", 3)
+    assert step_kind("step decode=0 prefill=512") == ("prefill", 512)
+    assert step_kind("multi rows=32 steps=8") == ("multi", 256)
+    assert step_kind("aten::mm") is None
+
+
+def test_union():
+    assert union_us([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20
+
+
+def test_kernels_and_host_time_per_step():
+    events = [
+        # a mixed step on the host, 0-100 us: one op (60 us, of which a launch call is 10 us)
+        _x("user_annotation", "step decode=2 prefill=30", 0, 100),
+        _x("cpu_op", "aten::mm", 10, 60),
+        _x("cuda_runtime", "cudaLaunchKernel", 20, 10, correlation=7),
+        # a multi-step launch, 200-210 us, whose graph runs two kernels
+        _x("user_annotation", "multi rows=4 steps=8", 200, 10),
+        _x("cuda_runtime", "cudaGraphLaunch", 202, 5, correlation=8),
+        # device side: the mixed step's kernel 50-150, the graph's kernels 220-300 and 280-320
+        _x("kernel", "gemm", 50, 100, tid=7, correlation=7),
+        _x("kernel", "attn", 220, 80, tid=7, correlation=8),
+        _x("kernel", "norm", 280, 40, tid=7, correlation=8),
+    ]
+    s = summarize({"traceEvents": events}, top=5)
+    assert s["window_ms"] == pytest.approx(0.27)  # 50..320
+    assert s["gpu_busy_ms"] == pytest.approx(0.2)  # 100 + (220..320)
+    steps = {r["kind"]: r for r in s["steps"]}
+    assert steps["mixed"]["gpu_ms_per_step"] == pytest.approx(0.1)
+    assert steps["mixed"]["host_ms_per_step"] == pytest.approx(0.1)
+    assert steps["mixed"]["tokens_per_step"] == 32
+    assert steps["multi"]["gpu_ms_per_step"] == pytest.approx(0.12)
+    assert steps["multi"]["span_ms_per_step"] == pytest.approx(0.1)
+    own = {h["name"]: h["own_ms_per_step"] for h in s["host_top"]}
+    assert own["aten::mm"] == pytest.approx(0.05)  # 60 less the 10 us launch inside it
+    assert own["cudaLaunchKernel"] == pytest.approx(0.01)
+    assert own["(the step's own code, outside recorded ops)"] == pytest.approx(0.04)
+    assert [k["name"] for k in s["top_kernels"]] == ["gemm", "attn", "norm"]
