@@ -34,5 +34,13 @@ class GuardedOp:
             )
             return self.fallback(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        """The kernel op's own attributes show through while it serves (e.g.
+        `PagedAttention.decode_launch`, which CUDA-graph bucketing asks); none once it fell back."""
+        state = self.__dict__
+        if name.startswith("_") or "fn" not in state or state.get("failed", True):
+            raise AttributeError(name)
+        return getattr(state["fn"], name)
+
     def __repr__(self) -> str:
         return f"GuardedOp({self.op}: {self.kernel}{', fell back' if self.failed else ''})"

@@ -217,3 +217,22 @@ def test_fp8_quantize_takes_torch_for_what_the_kernel_does_not(fake_cupy, dtype)
         ref_data, ref_scale = quantize_rows(rows)
         assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
         assert torch.equal(scale, ref_scale) and scale.shape == (rows.shape[0], 1)
+
+
+def test_guarded_op_shows_its_kernels_attributes_until_it_falls_back():
+    """CUDA-graph bucketing asks the attention op for `decode_launch` through its guard; once the
+    kernel failed, the reference op answers calls and the kernel's attributes are gone."""
+
+    class Kernel:
+        def decode_launch(self, rows, max_kv_len):
+            return "split", 1
+
+        def __call__(self, x):
+            raise RuntimeError("launch failed")
+
+    op = GuardedOp("attention", "attention_kernel", Kernel(), lambda x: x + 1)
+    assert op.decode_launch(4, 512) == ("split", 1)
+    assert op(1) == 2  # the kernel failed: the reference answered
+    assert getattr(op, "decode_launch", None) is None
+    with pytest.raises(AttributeError):
+        getattr(op, "_private")  # noqa: B009 - what a private name gives
