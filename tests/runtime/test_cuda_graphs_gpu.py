@@ -114,7 +114,7 @@ def test_concurrent_plans_share_one_set_of_graphs(deterministic):
     def warm() -> None:
         for bs in (b for b in graphs.buckets if b <= 8):
             for steps in (1, graphs.steps):
-                graphs.graph(bs, 512, steps)
+                graphs.graph(bs, graphs.context_bucket(1, bs), steps)
 
     rt.engine.call(warm)
     captured = graphs.num_graphs
