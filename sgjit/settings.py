@@ -32,10 +32,11 @@ class EnvSettings:
     # "1": profile windows (`--profile-dir`, `Runtime.profile`) also record Python call stacks, so a
     # trace shows which Python functions the host time went to (slower; bench.trace_summary reads it)
     profile_with_stack: bool
-    # The server process's GIL switch interval in microseconds (Python's default 5000): how long a
-    # thread waiting for the GIL lets the holder run before asking it to let go. The engine thread
-    # drops the GIL at every kernel launch and copy, and while the HTTP threads stream tokens each
-    # wait to get it back can cost up to this long. 0 keeps Python's default.
+    # The server process's GIL switch interval in microseconds (Python's default is 5000): how long
+    # a thread waiting for the GIL lets the holder run before asking it to let go. The engine thread
+    # drops the GIL at kernel launches and copies, and while the HTTP threads stream tokens each wait
+    # to get it back can cost up to this long. 1000 served 10% more tokens/s than 5000 in the 8B
+    # serving benchmark (docs/performance.md); 0 keeps Python's default.
     switch_interval_us: int
 
     @classmethod
@@ -49,7 +50,7 @@ class EnvSettings:
             sm90_watchdog_ms=int(_env("SM90_WATCHDOG", "0")),
             unverified_kernels=_env("UNVERIFIED_KERNELS", "0") == "1",
             profile_with_stack=_env("PROFILE_WITH_STACK", "0") == "1",
-            switch_interval_us=int(_env("SWITCH_INTERVAL_US", "0")),
+            switch_interval_us=int(_env("SWITCH_INTERVAL_US", "1000")),
         )
 
 
