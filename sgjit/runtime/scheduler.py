@@ -68,6 +68,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefix_hit_tokens = 0
+        # An eviction walks the whole prefix tree, so a shortfall frees at least this many pages at
+        # once: else, with the pool full of cached pages, every row that crosses into a new page walks
+        # the tree (~25k nodes at the 8B serving benchmark's pool; docs/performance.md).
+        self.evict_batch = max(1, self.alloc.num_usable // 64)
 
     # ----- queue management -----
     def add(self, req: Request) -> None:
@@ -248,7 +252,7 @@ class Scheduler:
         reserved = self._reserved(req) if self.running and not borrows else 0
         short = pages + reserved - self.alloc.num_free
         if short > 0:
-            self.cache.evict(short)
+            self.cache.evict(max(short, self.evict_batch))
         return self.alloc.num_free - reserved >= pages
 
     def _grow(self, req: Request, num_tokens: int) -> None:

@@ -373,6 +373,24 @@ def test_cache_is_evicted_before_anything_is_preempted() -> None:
     _check_refcounts(s)
 
 
+def test_a_full_pool_evicts_in_batches(monkeypatch) -> None:
+    """An eviction walks the whole prefix tree, so a shortfall frees `evict_batch` pages at once and
+    the next rows that cross a page find them free instead of walking the tree again."""
+    s = _sched(num_pages=129, chunk=512)  # 128 usable pages: an eviction batch of 2
+    assert s.evict_batch == 2
+    for i in range(4):  # 4 x 32 cached pages fill the pool with pages only the tree holds
+        _cache_prefix(s, list(range(1000 * (i + 1), 1000 * (i + 1) + 32 * PS)))
+    assert s.alloc.num_free == 0
+    walks = []
+    evict = s.cache.evict
+    monkeypatch.setattr(s.cache, "evict", lambda n: walks.append(n) or evict(n))
+    assert s._ensure_free(1) and walks == [2] and s.alloc.num_free == 2
+    taken = s.alloc.alloc(1)  # the page a row took
+    assert s._ensure_free(1) and walks == [2]  # the next row finds its page without a walk
+    s.alloc.decref(taken)
+    _check_refcounts(s)
+
+
 def test_preemption_takes_the_newest_request_and_keeps_its_tokens() -> None:
     """When a decode row cannot get a page, the most recently arrived request is preempted: it loses its
     pages, its computed full pages stay cached, it keeps prompt and output tokens and goes back to the
