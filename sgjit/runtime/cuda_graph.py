@@ -5,7 +5,10 @@ decides small-model and small-batch decode speed on a GPU.
 Inputs live in static buffers; a step copies its rows in (padding up to the bucket with rows that
 read and write only the scratch page), replays, and reads the logits out of a static buffer. The
 context bucket is the static upper bound the attention op sizes its grid by; actual lengths are read
-on the device from `kv_lens`, so one graph serves every context up to its bucket.
+on the device from `kv_lens`, so one graph serves every context up to its bucket. Where the op's
+launch does not depend on that bound (`decode_launch`; large batches), the bucket is the whole
+context, so one graph a batch bucket serves them all, and `warm` can capture every one of them up
+front (`sgjit serve` does), leaving no capture for a request to wait for.
 
 Nothing here waits for the device: input ids that are still placeholders (tokens of the launch in
 flight) are resolved inside the graph, multi-step tokens stay in the `TokenFutures` cells for the
