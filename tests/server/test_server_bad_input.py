@@ -253,3 +253,13 @@ def test_limit_flags_reach_server_args():
     for bad in ({"max_n": 129}, {"max_n": 0}, {"max_top_logprobs": -1}, {"max_stop_length": 0}):
         with pytest.raises(InvalidRequestError, match="--max-"):
             ServerArgs(**bad)
+
+
+def test_serve_captures_decode_graphs_at_start_by_default():
+    """`sgjit serve` warms its decode graphs while loading unless told not to; an in-process Runtime
+    does not (RuntimeConfig's default)."""
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    assert server_args_from(p.parse_args([])).runtime.cuda_graph_warmup is True
+    assert server_args_from(p.parse_args(["--no-cuda-graph-warmup"])).runtime.cuda_graph_warmup is False
+    assert ServerArgs().runtime.cuda_graph_warmup is False
