@@ -32,11 +32,12 @@ class EnvSettings:
     # "1": profile windows (`--profile-dir`, `Runtime.profile`) also record Python call stacks, so a
     # trace shows which Python functions the host time went to (slower; bench.trace_summary reads it)
     profile_with_stack: bool
-    # The server process's GIL switch interval in microseconds (Python's default is 5000): how long
-    # a thread waiting for the GIL lets the holder run before asking it to let go. The engine thread
-    # drops the GIL at kernel launches and copies, and while the HTTP threads stream tokens each wait
-    # to get it back can cost up to this long. 1000 served 10% more tokens/s than 5000 in the 8B
-    # serving benchmark (docs/performance.md); 0 keeps Python's default.
+    # The GIL switch interval in microseconds a Runtime sets for its process when it starts, where
+    # it is longer (Python's default is 5000): how long a thread waiting for the GIL lets the holder
+    # run before asking it to let go. The engine thread drops the GIL at kernel launches and copies,
+    # and while other threads (HTTP streaming, the output thread) run Python each wait to get it back
+    # can cost up to this long. 1000 served 10% more tokens/s than 5000 in the 8B serving benchmark
+    # (docs/performance.md); 0 leaves the interval alone.
     switch_interval_us: int
 
     @classmethod

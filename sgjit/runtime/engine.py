@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -40,6 +41,7 @@ from sgjit.runtime.scheduler import RowChunk, ScheduledBatch, Scheduler
 from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import Tokenizer
 from sgjit.runtime.transfer import Readback, to_device
+from sgjit.settings import env
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class Engine:
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._ready: Future = Future()
+        _shorten_gil_waits()
         self._thread = threading.Thread(target=self._run, args=(build,), name="sgjit-engine", daemon=True)
         self._thread.start()
         self._ready.result()  # re-raises a load failure in the caller
@@ -516,6 +519,15 @@ class Engine:
             self.unfinished -= 1
         self._by_id.pop(req.rid, None)
         self.output.finish(req, error, handle)
+
+
+def _shorten_gil_waits() -> None:
+    """The process's GIL switch interval to SGJIT_SWITCH_INTERVAL_US (see sgjit.settings). The engine
+    thread gives the GIL up at every launch and copy; with Python's 5 ms, each time another thread
+    (HTTP streaming, the output thread) holds it, getting it back can take that long."""
+    us = env().switch_interval_us
+    if us > 0 and sys.getswitchinterval() > us / 1e6:
+        sys.setswitchinterval(us / 1e6)
 
 
 def _step_name(batch: ScheduledBatch) -> str:

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -26,7 +25,6 @@ from sgjit.server.args import ServerArgs
 from sgjit.server.connections import AcceptErrorFilter, connection_cap, guarded_h11, raise_fd_limit
 from sgjit.server.info import ready_line
 from sgjit.server.state import ServerState
-from sgjit.settings import env
 
 log = logging.getLogger("sgjit.server")
 
@@ -131,8 +129,6 @@ def load_runtime(args: ServerArgs) -> Runtime:
 def serve(args: ServerArgs) -> int:
     """Run the server until it is told to stop; the exit status."""
     configure_logging(args.log_level)
-    if env().switch_interval_us > 0:
-        sys.setswitchinterval(env().switch_interval_us / 1e6)
     launch = LaunchEnv.read(args.runtime.tp)
     if launch is not None and launch.rank != 0:  # torchrun started this rank: rank 0 serves HTTP
         serve_launched_rank(args.runtime, launch)
