@@ -108,10 +108,13 @@ async def one_request(client, url: str, headers: dict, payload: dict, rec: Reque
         rec.error = f"{type(e).__name__}: {e}"
 
 
-def decode_roofline(info: dict[str, Any], bandwidth_gbps: float, batch: int, context: float) -> float:
-    """Output tok/s the memory bandwidth allows for `batch` rows decoding at `context` tokens each:
-    every step streams the weights once and each row's KV."""
-    step_bytes = info["weight_bytes"] + batch * context * info["kv_bytes_per_token"]
+def decode_roofline(
+    info: dict[str, Any], bandwidth_gbps: float, batch: int, context: float, shared: float = 0.0
+) -> float:
+    """Output tok/s the memory bandwidth allows for `batch` rows decoding at `context` tokens each of
+    their own, plus `shared` tokens of KV that every row reads (shared prefixes' pages, read from
+    DRAM once a step at best): every step streams the weights once and the KV."""
+    step_bytes = info["weight_bytes"] + (batch * context + shared) * info["kv_bytes_per_token"]
     return batch * bandwidth_gbps * 1e9 / step_bytes
 
 
@@ -120,7 +123,8 @@ async def server_roofline(
 ) -> dict[str, Any]:
     """For an sgjit server on this machine: its model's sizes (`/get_model_info`), the ceilings of its
     device measured here, and the decode roofline at the benchmark's concurrency for requests of
-    these mean lengths (the prefill bound counts every prompt token, cached or not). Other servers: {}."""
+    these mean lengths. In the shared-prefix workload the system prompts count once: their KV once a
+    step, their prefill once a prompt (what a prefix cache can skip). Other servers: {}."""
     import torch
 
     from sgjit.bench.ceilings import measure
@@ -134,12 +138,19 @@ async def server_roofline(
         return {}
     ceilings = measure(device)
     batch = min(args.max_concurrency or args.num_prompts, args.num_prompts)
-    roof = decode_roofline(info, ceilings.bandwidth_gbps, batch, input_len + output_len / 2)
+    own, shared = input_len + output_len / 2, 0.0
+    if args.workload == "shared-prefix":  # the system prompts' KV is in pages the rows share
+        own -= args.prefix_len
+        shared = min(args.num_prefixes, batch) * args.prefix_len
+    roof = decode_roofline(info, ceilings.bandwidth_gbps, batch, own, shared)
     out = {"ceilings": ceilings.as_dict(), "decode_roofline_tok_s": roof, "roofline_batch": batch}
     if ceilings.gemm_tflops:
         # The whole run's bound: every prompt token's GEMM FLOPs at the GEMM peak, plus the decode
         # steps at the bandwidth bound (output tok/s counts the prefill time too).
-        prefill_s = 2 * info["active_params"] * input_len / (ceilings.gemm_tflops * 1e12)
+        prefill_len = input_len
+        if args.workload == "shared-prefix":
+            prefill_len -= args.prefix_len * max(0.0, 1 - args.num_prefixes / args.num_prompts)
+        prefill_s = 2 * info["active_params"] * prefill_len / (ceilings.gemm_tflops * 1e12)
         out["roofline_tok_s"] = output_len / (prefill_s + output_len / roof)
     return out
 

@@ -1,5 +1,6 @@
-"""bench.trace_summary on a hand-made trace: kernels are credited to the step that launched them,
-GPU busy time is the union of overlapping kernels, host time is split into own times."""
+"""Units of the benchmarks: bench.trace_summary on a hand-made trace (kernels credited to the step that
+launched them, GPU busy time as the union of kernels, host time split into own times) and the
+serving benchmark's roofline."""
 
 from __future__ import annotations
 
@@ -52,3 +53,13 @@ def test_kernels_and_host_time_per_step():
     assert own["cudaLaunchKernel"] == pytest.approx(0.01)
     assert own["(the step's own code, outside recorded ops)"] == pytest.approx(0.04)
     assert [k["name"] for k in s["top_kernels"]] == ["gemm", "attn", "norm"]
+
+
+def test_serving_roofline_counts_shared_kv_once_a_step():
+    """The shared-prefix workload's bound reads the shared system prompts' KV once a step, not once a
+    row: 8 rows of 100 own tokens and a 1000-token shared prefix move weights + 1800 tokens of KV."""
+    from sgjit.bench.serving import decode_roofline
+
+    info = {"weight_bytes": 1000.0, "kv_bytes_per_token": 1.0}
+    assert decode_roofline(info, 1e-9, 8, 100, 1000) == pytest.approx(8 / 2800)
+    assert decode_roofline(info, 1e-9, 8, 1100) == pytest.approx(8 / 9800)
