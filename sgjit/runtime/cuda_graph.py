@@ -134,6 +134,7 @@ class DecodeGraphs:
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
         self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self._buffers: dict[int, _Buffers] = {}
+        self._whole_context: dict[tuple[int, int], int] = {}  # (bs, bucket) -> the bound its graph uses
         self.capture_seconds = 0.0
         self.compute_seconds = 0.0  # eager steps on the CPU: the model's compute (see ModelRunner)
 
@@ -150,10 +151,12 @@ class DecodeGraphs:
         while ctx < max_kv_len:
             ctx *= 2
         ctx = min(ctx, self.max_context)
-        launch = getattr(self.model.ops.attention, "decode_launch", None)
-        if launch is not None and launch(bs, ctx) == launch(bs, self.max_context):
-            return self.max_context
-        return ctx
+        key = (bs, ctx)
+        if key not in self._whole_context:  # asked once: this runs on every launch
+            launch = getattr(self.model.ops.attention, "decode_launch", None)
+            same = launch is not None and launch(bs, ctx) == launch(bs, self.max_context)
+            self._whole_context[key] = self.max_context if same else ctx
+        return self._whole_context[key]
 
     def can_run(self, num_rows: int, max_kv_len: int) -> bool:
         return num_rows <= self.max_bs and max_kv_len <= self.max_context
