@@ -95,7 +95,10 @@ def plot_result(result: dict[str, Any], out_dir: str | Path) -> Path | None:
     fig.tight_layout()
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
-    out = path / f"{name}.png"
+    workload = rows[0].get("workload") if name == "serving" else None
+    out = path / (
+        f"{name}-{workload}.png" if workload else f"{name}.png"
+    )  # sweeps of two workloads: two charts
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

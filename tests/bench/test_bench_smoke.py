@@ -113,7 +113,11 @@ def test_serving_sweep_and_workloads(runtime, tmp_path):
              "--plot", str(tmp_path)],
             tmp_path,
         )  # fmt: skip
-        sharegpt = run_bench("serving", ["--url", server.url, "--smoke", "--workload", "sharegpt"], tmp_path)
+        sharegpt = run_bench(
+            "serving",
+            ["--url", server.url, "--smoke", "--workload", "sharegpt", "--plot", str(tmp_path)],
+            tmp_path,
+        )
     finally:
         server.stop()
     assert [row["request_rate"] for row in sweep["rows"]] == [40.0, float("inf")]
@@ -121,7 +125,9 @@ def test_serving_sweep_and_workloads(runtime, tmp_path):
         assert row["completed"] == row["requests"] == 8 and row["errors"] == 0
         assert row["output_tok_s"] > 0 and row["tpot_p50_ms"] > 0
     assert sweep["rows"][0]["mean_input_len"] == 64 + 16  # a system prompt and the request's own part
-    assert (tmp_path / "serving.png").stat().st_size > 1000
+    # one chart a workload: a second sweep into the same folder does not overwrite the first
+    assert (tmp_path / "serving-shared-prefix.png").stat().st_size > 1000
+    assert (tmp_path / "serving-sharegpt.png").stat().st_size > 1000
 
 
 @pytest.mark.gpu
