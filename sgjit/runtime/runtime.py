@@ -330,9 +330,14 @@ class Runtime:
 
     def warm_graphs(self) -> int:
         """Capture the decode graph of every batch bucket up to --max-running-requests now, so no
-        request waits for a capture later (one takes ~0.1-0.5 s). Returns how many were captured."""
+        request waits for a capture later (one takes ~0.1-0.5 s). Returns how many were captured.
+        Not with tensor parallelism: the other ranks capture a graph only when rank 0's step message
+        tells them to (each holds collectives), so there graphs are still captured when first needed."""
         graphs = self.engine.runner.graphs
         if graphs is None or not graphs.capture:
+            return 0
+        if self.config.tp > 1:
+            log.info("decode graphs are captured when first needed with tp > 1 (no start-up warm-up)")
             return 0
         before, t0 = graphs.num_graphs, time.perf_counter()
         self.engine.call(lambda: graphs.warm(self.config.max_running_requests))
