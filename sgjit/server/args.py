@@ -121,7 +121,8 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "captured as CUDA graphs (default: with --enable-jit)"}),
     ("--disable-cuda-graph", "cuda_graph", {"action": "store_false", "help": "SGLang's name for --no-cuda-graph"}),
     ("--cuda-graph-warmup", "cuda_graph_warmup", {"action": argparse.BooleanOptionalAction, "help": "GPU: "
-     "capture the decode graph of every batch size while loading, so no request waits for a capture"}),
+     "capture the decode graph of every batch size while loading, so no request waits for a capture "
+     "(tp = 1; with tensor parallelism graphs are captured when first needed)"}),
     ("--num-threads", "num_threads", {"type": int, "help": "CPU: intra-op threads (default: torch's choice)"}),
     ("--device", "device", {"help": "auto (a CUDA GPU if there is one), cpu, cuda or cuda:N"}),
     ("--tp", "tp", {"type": int, "help": "tensor-parallel ranks: the model split over this many GPUs "
