@@ -276,10 +276,10 @@ def assemble(cfg: RuntimeConfig, tp: TPGroup | None = None) -> Assembly:
     """Rank 0's runtime (the only one without tensor parallelism); `tp` is its group where it has one."""
     tp = tp or TPGroup()
     m = build_model(cfg, tp)
+    mixed = cfg.mixed_step_tokens or (2048 if m.device.type == "cuda" else 1024)  # see RuntimeConfig
     scheduling = SchedulerConfig(
-        cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy, cfg.mixed_step_tokens,
-        m.max_model_len,
-    )  # fmt: skip
+        cfg.chunked_prefill_size, cfg.max_running_requests, cfg.schedule_policy, mixed, m.max_model_len
+    )
     parts = EngineParts(
         runner=ModelRunner(m.model, m.pool, m.futures, m.graphs, StepChannel(tp) if tp.size > 1 else None),
         scheduler=Scheduler(

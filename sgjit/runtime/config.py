@@ -25,11 +25,12 @@ class RuntimeConfig:
     max_running_requests: int = 256
     max_waiting_requests: int = 4096
     chunked_prefill_size: int = 2048  # prompt tokens a step computes, at most
-    # a step with decode rows: decode rows + prompt tokens within this (None: no limit beyond the
-    # above). 2048 served 8464 output tok/s at TPOT p99 26 ms in the 8B serving benchmark on an H100,
-    # against 6712 tok/s and 36 ms at 1024: a mixed step costs the host about the same whatever its
-    # tokens, so fewer, larger ones win (docs/performance.md, "Serving: graphs captured at start-up")
-    mixed_step_tokens: int | None = 2048
+    # a step with decode rows: decode rows + prompt tokens within this. None: 2048 on a GPU, where it
+    # served 8464 output tok/s at TPOT p99 26 ms in the 8B serving benchmark on an H100 against 6712
+    # tok/s and 36 ms at 1024 (a mixed step costs the host about the same whatever its tokens, so
+    # fewer, larger ones win: docs/performance.md, "Serving: graphs captured at start-up"); 1024 on a
+    # CPU, where a step's time grows with its tokens and longer ones only stall the decoding rows more
+    mixed_step_tokens: int | None = None
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
     enable_prefix_cache: bool = True
     kv_cache_dtype: str = "auto"  # "auto" | "fp8_e4m3"

@@ -34,7 +34,7 @@ class SchedulerConfig:
     # Tokens of a step that carries decode rows: its decode rows (one token each) and prefill chunks
     # together, but never fewer than a quarter of it for the prompts, so prefill keeps moving when
     # decode rows alone fill it. None: prompts get chunked_prefill_size whatever decodes beside them.
-    mixed_step_tokens: int | None = 2048
+    mixed_step_tokens: int | None = 1024
     max_model_len: int = 1 << 62  # a row at this length draws no more tokens
     # A waiting request sharing at least this many uncached prompt tokens with a row still prefilling
     # waits for that row's pages; 0 turns in-batch prefix sharing off.

@@ -143,7 +143,8 @@ _RUNTIME_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "engine step (longer prompts are prefilled in chunks)"}),
     ("--mixed-step-tokens", "mixed_step_tokens", {"type": int, "help": "token budget of a step that "
      "carries decode rows: decode rows plus prompt chunk, so long prompts do not stall decoding "
-     "(a value >= --chunked-prefill-size + --max-running-requests turns it off)"}),
+     "(default: 2048 on a GPU, 1024 on a CPU; a value >= --chunked-prefill-size + --max-running-requests "
+     "turns it off)"}),
     ("--overlap-schedule", "overlap_schedule", {"action": argparse.BooleanOptionalAction, "help": "launch "
      "the next step while the device runs the current one, its decode rows reading the tokens on the "
      "device (default: on for a GPU with --tp 1)"}),

@@ -269,3 +269,15 @@ def test_num_threads_sets_the_engine_pool_and_leaves_tokens_alone(runtime, alone
         assert [o["output_ids"] for o in outs] == [alone[p] for p in PROMPTS[:4]]
     finally:
         one.shutdown()
+
+
+def test_mixed_step_budget_defaults_by_device(runtime):
+    """Unset, a step with decode rows takes 1024 tokens on a CPU (2048 on a GPU, where fewer, larger
+    mixed steps measured faster); a set value is kept."""
+    assert runtime.config.mixed_step_tokens is None
+    assert runtime.engine.scheduler.config.mixed_step_tokens == 1024
+    rt = sgjit.Runtime(device="cpu", max_total_tokens=2048, mixed_step_tokens=512)
+    try:
+        assert rt.engine.scheduler.config.mixed_step_tokens == 512
+    finally:
+        rt.shutdown()
