@@ -138,18 +138,16 @@ async def server_roofline(
         return {}
     ceilings = measure(device)
     batch = min(args.max_concurrency or args.num_prompts, args.num_prompts)
-    own, shared = input_len + output_len / 2, 0.0
-    if args.workload == "shared-prefix":  # the system prompts' KV is in pages the rows share
+    own, shared, prefill_len = input_len + output_len / 2, 0.0, input_len
+    if args.workload == "shared-prefix":  # the system prompts: KV in pages the rows share, cached prefill
         own -= args.prefix_len
         shared = min(args.num_prefixes, batch) * args.prefix_len
+        prefill_len -= args.prefix_len * max(0.0, 1 - args.num_prefixes / args.num_prompts)
     roof = decode_roofline(info, ceilings.bandwidth_gbps, batch, own, shared)
     out = {"ceilings": ceilings.as_dict(), "decode_roofline_tok_s": roof, "roofline_batch": batch}
     if ceilings.gemm_tflops:
         # The whole run's bound: every prompt token's GEMM FLOPs at the GEMM peak, plus the decode
         # steps at the bandwidth bound (output tok/s counts the prefill time too).
-        prefill_len = input_len
-        if args.workload == "shared-prefix":
-            prefill_len -= args.prefix_len * max(0.0, 1 - args.num_prefixes / args.num_prompts)
         prefill_s = 2 * info["active_params"] * prefill_len / (ceilings.gemm_tflops * 1e12)
         out["roofline_tok_s"] = output_len / (prefill_s + output_len / roof)
     return out
