@@ -39,6 +39,10 @@ class EnvSettings:
     # can cost up to this long. 1000 served 10% more tokens/s than 5000 in the 8B serving benchmark
     # (docs/performance.md); 0 leaves the interval alone.
     switch_interval_us: int
+    # "0": decode kernels captured in CUDA graphs wait for the kernel before them to finish, as
+    # plain launches do, instead of starting during its tail (programmatic dependent launch on
+    # compute capability 9.0+, kernels/cuda/pdl.py)
+    pdl: bool
 
     @classmethod
     def read(cls) -> EnvSettings:
@@ -52,6 +56,7 @@ class EnvSettings:
             unverified_kernels=_env("UNVERIFIED_KERNELS", "0") == "1",
             profile_with_stack=_env("PROFILE_WITH_STACK", "0") == "1",
             switch_interval_us=int(_env("SWITCH_INTERVAL_US", "1000")),
+            pdl=_env("PDL", "1") == "1",
         )
 
 

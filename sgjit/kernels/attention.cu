@@ -113,15 +113,6 @@ __global__ void __launch_bounds__(32 * WM * WN)
   const int num_tiles = kv_stop > kv_begin ? (kv_stop - kv_begin + BN - 1) / BN : 0;
   const int* pages = page_table + (i64)row * pt_stride;
 
-  // ---- Q tile -> shared (zero rows past the row's queries) ----
-  for (int c = tid; c < BM * Q_CPR; c += NT) {
-    const int r = c / Q_CPR, part = c % Q_CPR;
-    const int pr = pr0 + r, i = pr / G;
-    const bool ok = i < q_len;
-    const T* src = ok ? q + (i64)(qo_start + i) * q_stride + (h * G + pr % G) * D + part * 8 : q;
-    cp_async16(smem_addr(sQ + swz<D>(r, part)), src, ok ? 16 : 0);
-  }
-
   // ---- K/V tile copies ----
   const int my_part = tid % KV_CPR;
   const int my_tok = tid / KV_CPR;
@@ -153,10 +144,35 @@ __global__ void __launch_bounds__(32 * WM * WN)
     }
   };
 
+  // The first tiles. Launched to overlap the kernel before it (pdl.py), the CTA copies the tiles
+  // that hold only cached keys (below kv_len - q_len: no kernel of this step writes them; the
+  // metadata above was copied before the step) before it waits, then Q and the tiles with this
+  // step's own keys. All of them form the first cp.async group; the others are empty.
+  const int cached_end = kv_len - q_len;
+  auto cached_only = [&](int tile) { return min(kv_begin + (tile + 1) * BN, kv_stop) <= cached_end; };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    fetch_pages(s);
-    if (s < num_tiles) issue_tile(s, s);
+    if (s < num_tiles && cached_only(s)) {
+      fetch_pages(s);
+      issue_tile(s, s);
+    }
+  }
+  pdl_wait();
+  // ---- Q tile -> shared (zero rows past the row's queries) ----
+  for (int c = tid; c < BM * Q_CPR; c += NT) {
+    const int r = c / Q_CPR, part = c % Q_CPR;
+    const int pr = pr0 + r, i = pr / G;
+    const bool ok = i < q_len;
+    const T* src = ok ? q + (i64)(qo_start + i) * q_stride + (h * G + pr % G) * D + part * 8 : q;
+    cp_async16(smem_addr(sQ + swz<D>(r, part)), src, ok ? 16 : 0);
+  }
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < num_tiles && !cached_only(s)) {
+      fetch_pages(s);
+      issue_tile(s, s);
+    }
     cp_async_commit();
   }
   fetch_pages(STAGES - 1);
@@ -330,6 +346,7 @@ __global__ void __launch_bounds__(32 * WM * WN)
     }
   }
 
+  pdl_launch_dependents();  // the keys are read: the next kernel may start
   // ---- finish: row sums across the quad, then write (or merge the WN key slices first) ----
 #pragma unroll
   for (int mi = 0; mi < MW; ++mi) {
@@ -431,6 +448,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(256)
     merge_splits_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, T* __restrict__ out,
                         int rows, int num_splits) {
+  pdl_launch_dependents();
+  pdl_wait();  // the partials come from the kernel before
   const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (i64)rows * (D / 4)) return;
   const int r = (int)(idx / (D / 4)), d = (int)(idx % (D / 4)) * 4;

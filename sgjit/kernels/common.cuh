@@ -17,6 +17,22 @@ typedef long long i64;
 typedef unsigned int u32;
 typedef __nv_fp8_e4m3 fp8;
 
+// ---- programmatic dependent launch (kernels/cuda/pdl.py) ----------------------------------------
+// A kernel launched to overlap the one before it calls pdl_wait() before it reads anything that
+// kernel (or any before it) may still be writing, and before it writes anything at all; both are
+// no-ops on a plain launch and below sm_90. pdl_launch_dependents() lets the next kernel's blocks
+// start as this kernel's blocks retire.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- scalar conversions -------------------------------------------------------------------------
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

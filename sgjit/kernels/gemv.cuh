@@ -322,18 +322,22 @@ __device__ __forceinline__ void gemv_group(int g, bool first, X& xin, const W* _
     }
   };
 
-  int start = lane;
-  if constexpr (X::kPrologue) {  // the first loads fly while the block prepares its rows
-    fetch(lane);
-    if (first) xin.template prepare<ROWS, WARPS * 32>(m, red);
-    if (lane < vecs) consume(lane);
-    start += 32 * UNROLL;
+  // The first weight loads fly while the block waits for the kernel before it (a dependent launch,
+  // pdl.py: weights are never written) and prepares its rows.
+  fetch(lane);
+  if (first) {
+    pdl_wait();
+    if constexpr (X::kPrologue) xin.template prepare<ROWS, WARPS * 32>(m, red);
   }
-  for (int base = start; base < vecs; base += 32 * UNROLL) {
+  if (lane < vecs) consume(lane);
+  for (int base = lane + 32 * UNROLL; base < vecs; base += 32 * UNROLL) {
     fetch(base);
     consume(base);
   }
 
+  // The next kernel may start as this block's loads are done (earlier, its waiting blocks slowed the
+  // 8B GEMVs down: docs/performance.md).
+  pdl_launch_dependents();
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll

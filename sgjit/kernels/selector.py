@@ -206,6 +206,22 @@ def _layer_bytes(shapes: ModelShapes) -> int:
     return 2 * (qkv + shapes.num_heads * d * h + 3 * h * shapes.intermediate)
 
 
+# Programmatic dependent launch (kernels/cuda/pdl.py) of the decode GEMVs and attention captured in CUDA
+# graphs, sm_90+: a kernel starts as the one before it finishes its loads, its first weight loads in
+# flight before it waits. It pays where a layer's weights stream in about what its launches cost:
+# SmolLM2-135M b=1 decode 1365 -> 1529 tok/s on the H100 (docs/performance.md). On the 8B shape
+# (436 MB a layer) it measured 2% slower (168 -> 165 tok/s), so large layers launch plainly.
+DEPENDENT_LAUNCH_OPS = ("linear", "attention", *FUSED_OPS)
+
+
+def _dependent_launch(profile: DeviceProfile, shapes: ModelShapes) -> tuple[bool, str]:
+    if profile.compute_capability < (9, 0):
+        return False, "plain launches (dependent launch needs sm_90)"
+    if _layer_bytes(shapes) > SMALL_LAYER_BYTES:
+        return False, "plain launches (large layers: dependent launches were no faster)"
+    return True, "dependent launches in captured graphs (small layers)"
+
+
 def _fused_rows(
     profile: DeviceProfile, shapes: ModelShapes, workload: Workload
 ) -> tuple[dict[str, Any], str]:
@@ -388,6 +404,15 @@ class KernelSelector:
         return KernelChoice(REFERENCE, {}, "; ".join(rejected) or "no kernel variant")
 
     def _tune(
+        self, op: str, profile: DeviceProfile, shapes: ModelShapes, workload: Workload
+    ) -> tuple[dict[str, Any], str]:
+        tunables, why = self._tune_op(op, profile, shapes, workload)
+        if op in DEPENDENT_LAUNCH_OPS:
+            on, how = _dependent_launch(profile, shapes)
+            tunables, why = {**tunables, "dependent_launch": on}, f"{why}; {how}" if why else how
+        return tunables, why
+
+    def _tune_op(
         self, op: str, profile: DeviceProfile, shapes: ModelShapes, workload: Workload
     ) -> tuple[dict[str, Any], str]:
         if op == "linear":

@@ -46,7 +46,11 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
         return {"rmsnorm": k.rmsnorm, "add_rmsnorm": k.add_rmsnorm}
     if op == "linear":
         t = ks[op].tunables
-        return {op: gemv.GemvLinear(dtype, shapes.dtype, t["dense_rows"], t["fp8_rows"])}
+        return {
+            op: gemv.GemvLinear(
+                dtype, shapes.dtype, t["dense_rows"], t["fp8_rows"], pdl=t.get("dependent_launch", False)
+            )
+        }
     if op == "silu_mul":
         return {op: activation.SiluMul(dtype, shapes.dtype, profile.sm_count)}
     if op == "rope_store_kv":
@@ -66,6 +70,7 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
                 split_len=t.get("split_len", 0),
                 stream_tile=t.get("stream_decode"),
                 prefill_sm90=t.get("prefill_sm90"),
+                pdl=t.get("dependent_launch", False),
             )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")
@@ -86,6 +91,7 @@ def _fused_ops(
         fused = FusedGemv(
             _DTYPES[shapes.dtype], shapes.dtype, shapes.kv_dtype, rows, profile.sm_count,
             profile.smem_per_block_optin, composed,
+            pdl=all(ks[op].tunables.get("dependent_launch", False) for op in FUSED_OPS),
         )  # fmt: skip
     except KernelError as e:
         log.warning("fused decode kernels unavailable (%s); decode steps use the unfused ops", e)

@@ -75,8 +75,12 @@ class PagedAttention:
         split_len: int = 0,
         stream_tile: StreamTile | None = None,
         prefill_sm90: Sm90Tile | None = None,
+        pdl: bool = False,
     ) -> None:
+        """`pdl`: launch the mma.sync kernel and the merge to overlap the kernel before them inside
+        captured graphs (pdl.py; the selector's `dependent_launch`)."""
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
+        self.pdl = pdl
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
         self.max_context = max_context
         self.fixed_splits = fixed_splits  # decode split count set by hand (benchmarks, tests)
@@ -192,7 +196,7 @@ class PagedAttention:
             rows = n * hq
             launch(
                 self.merge_kernel, (-(-rows * (d // 4) // MERGE_BLOCK),), MERGE_BLOCK,
-                (ptr(part_o), ptr(part_lse), ptr(out), np.int32(rows), np.int32(splits)),
+                (ptr(part_o), ptr(part_lse), ptr(out), np.int32(rows), np.int32(splits)), pdl=self.pdl,
             )  # fmt: skip
         return out
 
@@ -218,5 +222,5 @@ class PagedAttention:
                  ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(plan.work), np.int32(base), np.int32(plan.m_tiles),
                  ptr(out), ptr(part_o), ptr(part_lse), np.int32(n), np.int32(s.num_kv_heads),
                  np.float32(scale * LOG2E * kv.k_scale), np.float32(kv.v_scale), np.int32(self.split_len)),
-                plan.tile.smem_bytes(d, s.kv_bytes),
+                plan.tile.smem_bytes(d, s.kv_bytes), pdl=self.pdl,
             )  # fmt: skip

@@ -52,9 +52,12 @@ class FusedGemv:
         sm_count: int,
         smem_per_block: int,
         composed: Composition,
+        pdl: bool = False,
     ) -> None:
         """`smem_per_block`: the device's opt-in shared memory per block (bounds rows x K of the
-        normalised input); `composed`: the unfused ops for what the kernels do not take."""
+        normalised input); `composed`: the unfused ops for what the kernels do not take; `pdl`:
+        launch to overlap the kernel before inside captured graphs (pdl.py)."""
+        self.pdl = pdl
         if rows not in ROW_BUCKETS:
             raise ValueError(f"fused GEMV rows must be one of {ROW_BUCKETS}")
         self.dtype, self.dtype_name, self.kv_name = dtype, dtype_name, kv_dtype_name
@@ -106,7 +109,7 @@ class FusedGemv:
         once and then serving every channel group it strides over."""
         smem = x.numel() * x.element_size()
         grid = min(groups, self.sm_count * resident_blocks(kernel, THREADS, smem))
-        launch(kernel, (grid,), THREADS, args, smem=smem)
+        launch(kernel, (grid,), THREADS, args, smem=smem, pdl=self.pdl)
 
     # ----- the ops -----
     def linear_residual(self, x: Tensor, weight: Tensor | Fp8Weight, residual: Tensor) -> Tensor:
@@ -121,7 +124,7 @@ class FusedGemv:
         launch(
             self._kernel(RESIDUAL, weight, m), (-(-n // channels_per_block(m)),), THREADS,
             (ptr(flat), ptr(data), ptr(scale), ptr(res), ptr(out), np.int32(m), np.int32(n), np.int32(k),
-             np.int64(flat.stride(0)), np.int64(res.stride(0)), np.int64(n)),
+             np.int64(flat.stride(0)), np.int64(res.stride(0)), np.int64(n)), pdl=self.pdl,
         )  # fmt: skip
         return out.view(residual.shape)
 

@@ -85,9 +85,11 @@ def flat_rows(x: torch.Tensor) -> torch.Tensor:
 class GemvLinear:
     def __init__(
         self, dtype: torch.dtype, dtype_name: str, dense_rows: int, fp8_rows: int,
-        tiles: dict[int, tuple[int, int]] = TILES,
+        tiles: dict[int, tuple[int, int]] = TILES, pdl: bool = False,
     ) -> None:  # fmt: skip
-        """`tiles`: the tile per rows bucket (another map only to compare tiles in a benchmark)."""
+        """`tiles`: the tile per rows bucket (another map only to compare tiles in a benchmark);
+        `pdl`: launch to overlap the kernel before inside captured graphs (pdl.py)."""
+        self.pdl = pdl
         if not {dense_rows, fp8_rows} <= {0, *ROW_BUCKETS}:
             raise ValueError(f"GEMV row limits must be 0 or one of {ROW_BUCKETS}")
         self.dtype, self.dtype_name = dtype, dtype_name
@@ -131,6 +133,6 @@ class GemvLinear:
         launch(
             kernel, (-(-n // channels_per_block(m, self.tiles)),), THREADS,
             (ptr(flat), ptr(data), ptr(scale), ptr(bias), ptr(out), np.int32(m), np.int32(n), np.int32(k),
-             np.int64(flat.stride(0)), np.int64(n)),
+             np.int64(flat.stride(0)), np.int64(n)), pdl=self.pdl,
         )  # fmt: skip
         return out.reshape(*lead, n)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from sgjit.errors import KernelError
+from sgjit.kernels.cuda.pdl import launch_dependent
 from sgjit.kernels.sources import family_source
 from sgjit.nvtx import nvtx_range
 from sgjit.settings import env
@@ -93,11 +94,15 @@ def resident_blocks(kernel: Any, threads: int, smem: int) -> int:
     return _resident[key]
 
 
+def _stream_handle() -> int:
+    """torch's current raw stream handle, from torch's C binding (as Triton and Inductor take it):
+    `torch.cuda.current_stream()` resolves the device through eight Python calls, on every launch."""
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
 def current_stream() -> Any:
-    """torch's current stream as a CuPy stream (cached per stream handle). The raw handle comes from
-    torch's C binding (as Triton and Inductor take it): `torch.cuda.current_stream()` resolves the
-    device through eight Python calls, on every kernel launch."""
-    handle = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+    """torch's current stream as a CuPy stream (cached per stream handle)."""
+    handle = _stream_handle()
     s = _streams.get(handle)
     if s is None:
         s = _streams[handle] = cupy_module().cuda.ExternalStream(handle)
@@ -108,8 +113,32 @@ def ptr(t: torch.Tensor | None) -> np.uint64:
     return np.uint64(0 if t is None else t.data_ptr())
 
 
-def launch(kernel: Any, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
+_pdl_devices: dict[int, bool] = {}
+
+
+def pdl_enabled() -> bool:
+    """Whether launches that ask for it overlap the kernel before them (pdl.py): on a device of
+    compute capability 9.0+ with SGJIT_PDL on (the default), and only while a CUDA graph is being
+    captured (the decode steps; an eager launch through ctypes would cost more host time than the
+    overlap saves there)."""
+    if not torch.cuda.is_current_stream_capturing():
+        return False
+    device = torch._C._cuda_getDevice()
+    hopper = _pdl_devices.get(device)
+    if hopper is None:
+        hopper = _pdl_devices[device] = torch.cuda.get_device_capability(device) >= (9, 0)
+    return hopper and env().pdl
+
+
+def launch(
+    kernel: Any, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0, pdl: bool = False
+) -> None:
+    """Launch on torch's current stream. `pdl`: the kernel calls `pdl_wait()` before it reads what
+    the kernel before it writes (common.cuh), so it may be launched to overlap that kernel."""
     if min(grid) <= 0:
         return
     with nvtx_range(kernel.name if hasattr(kernel, "name") else "sgjit kernel"):
-        kernel(grid, (block,), args, shared_mem=smem, stream=current_stream())
+        if pdl and pdl_enabled():
+            launch_dependent(kernel.kernel.ptr, grid, block, smem, _stream_handle(), args)
+        else:
+            kernel(grid, (block,), args, shared_mem=smem, stream=current_stream())
