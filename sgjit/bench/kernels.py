@@ -83,7 +83,10 @@ def _attention_op(profile: DeviceProfile, shapes: ModelShapes, ctx: int, stream:
     workload = Workload(64, ctx)
     t = KernelSelector().select(profile, shapes, workload)["attention"].tunables
     tile = stream_tile_for(profile, shapes, workload)[0] if stream else None
-    return PagedAttention(profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], ctx, stream_tile=tile)
+    return PagedAttention(
+        profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], ctx, stream_tile=tile,
+        small_decode_tile=t.get("small_decode_tile"),
+    )  # fmt: skip
 
 
 def _sdpa_seconds(b: int, ctx: int, q: torch.Tensor) -> dict[str, float]:

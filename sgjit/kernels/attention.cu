@@ -443,33 +443,58 @@ __global__ void __launch_bounds__(32 * WM * WN)
   }
 }
 
-// out[r] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits of each (token, head).
+// out[r] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits of each (token, head) row r,
+// one warp a row. The lanes read the splits' log-sum-exps 32 at a time (the max by shuffles); then each
+// lane owns D / 32 dims and walks the splits in order with MERGE_UNROLL partial loads in flight, so a
+// merge costs a few memory round trips rather than one a split (a small batch's decode step has up
+// to 32 splits). A split with no keys (lse = -inf, its partial never written) adds nothing. Sums run
+// in split order, as one thread a row summed them before.
+constexpr int MERGE_UNROLL = 16;
+template <int N> struct FloatVec;
+template <> struct FloatVec<2> { typedef float2 type; };
+template <> struct FloatVec<4> { typedef float4 type; };
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
     merge_splits_kernel(const float* __restrict__ part_o, const float* __restrict__ part_lse, T* __restrict__ out,
                         int rows, int num_splits) {
+  constexpr int DPL = D / 32;  // dims a lane
+  static_assert(DPL == 2 || DPL == 4, "head_dim 64 or 128");
+  typedef typename FloatVec<DPL>::type Vec;
   pdl_launch_dependents();
   pdl_wait();  // the partials come from the kernel before
-  const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (i64)rows * (D / 4)) return;
-  const int r = (int)(idx / (D / 4)), d = (int)(idx % (D / 4)) * 4;
+  const int lane = threadIdx.x % 32;
+  const i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  if (r >= rows) return;
   float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, part_lse[(i64)s * rows + r]);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, wsum = 0.f;
+  for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, part_lse[(i64)s * rows + r]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float acc[DPL] = {};
+  float wsum = 0.f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float lse = part_lse[(i64)s * rows + r];
-      if (lse == -INFINITY) continue;
-      const float w = exp2f(lse - mx);
-      const float4 v = *reinterpret_cast<const float4*>(part_o + ((i64)s * rows + r) * D + d);
-      wsum += w;
-      acc[0] += w * v.x;
-      acc[1] += w * v.y;
-      acc[2] += w * v.z;
-      acc[3] += w * v.w;
+    for (int s0 = 0; s0 < num_splits; s0 += 32) {
+      const int n = min(32, num_splits - s0);
+      const float lse = lane < n ? part_lse[(i64)(s0 + lane) * rows + r] : -INFINITY;
+      const float w = lse == -INFINITY ? 0.f : exp2f(lse - mx);
+#pragma unroll MERGE_UNROLL
+      for (int j = 0; j < n; ++j) {
+        const float wj = __shfl_sync(0xffffffffu, w, j);
+        const Vec v = *reinterpret_cast<const Vec*>(part_o + ((i64)(s0 + j) * rows + r) * D + lane * DPL);
+        const float* f = reinterpret_cast<const float*>(&v);
+        if (wj != 0.f) {
+          wsum += wj;
+#pragma unroll
+          for (int e = 0; e < DPL; ++e) acc[e] = fmaf(wj, f[e], acc[e]);
+        }
+      }
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  *reinterpret_cast<uint2*>(out + (i64)r * D + d) =
-      make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv), pack2<T>(acc[2] * inv, acc[3] * inv));
+  T* dst = out + r * D + lane * DPL;
+  if constexpr (DPL == 4) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv), pack2<T>(acc[2] * inv, acc[3] * inv));
+  } else {
+    *reinterpret_cast<u32*>(dst) = pack2<T>(acc[0] * inv, acc[1] * inv);
+  }
 }

@@ -36,6 +36,7 @@ from sgjit.kernels.registry import (
     HALF_DTYPES,
     MEGAKERNEL_ROW_CHOICES,
     SM90_SCHEDULE_PREFERENCE,
+    SMALL_DECODE_PREFERENCE,
     StreamTile,
     variant,
 )
@@ -73,7 +74,8 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
     attn = set()
     for dt, kv, (d, g), page in itertools.product(dtypes, kvs, dims_groups, pages):
         shapes = _shapes(dt, dt if kv == "same" else kv, d, g, page)
-        chosen = (decode + prefill) if full else (decode[0], prefill[0])
+        small = next(t for t in decode if t.name == SMALL_DECODE_PREFERENCE[0])
+        chosen = (decode + prefill) if full else (decode[0], prefill[0], small)
         attn |= {attention_name(shapes, t) for t in chosen}
         attn.add(merge_name(shapes))
     base = _shapes("bfloat16", "bfloat16", 128, 4, 16)

@@ -91,6 +91,13 @@ DECODE_PREFERENCE = {
 }
 
 
+# Decode steps too small to give every SM a CTA before splitting (rows x kv heads < SMs) are latency-
+# bound: 4-warp CTAs with 64-key tiles three deep cut a call's time by a third, from the H100 sweep of
+# docs/performance.md (Llama-3-8B heads, bf16: B=1 ctx 512 11.4 vs 14.8-17.6 us, ctx 4096 15.1 vs
+# 20.7 us; B=8 ctx 512 13.8 vs 16.4 us).
+SMALL_DECODE_PREFERENCE = ("m1x1n4b64s3", "m1x1n4b128s2", "m1x1n4b64s2")
+
+
 @dataclass(frozen=True, slots=True)
 class StreamTile:
     """One configuration of the streaming decode kernel (decode.cu): `heads` kv heads per CTA, one warp

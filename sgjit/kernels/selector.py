@@ -29,6 +29,7 @@ from sgjit.kernels.registry import (
     SM90_CC,
     SM90_HEAD_DIMS,
     SM90_SCHEDULE_PREFERENCE,
+    SMALL_DECODE_PREFERENCE,
     STREAM_HEAD_DIMS,
     STREAM_MAX_GROUP,
     STREAM_TILES,
@@ -100,6 +101,14 @@ def _attention_tiles(profile: DeviceProfile, shapes: ModelShapes) -> tuple[AttnT
         f"prefill {pre[0].name} ({pre[0].smem_bytes(d, kvb) // 1024} KB); splits from {profile.sm_count} SMs"
     )
     return dec[0], pre[0], why
+
+
+def _small_decode_tile(profile: DeviceProfile, shapes: ModelShapes) -> AttnTile | None:
+    """The latency-bound small steps' decode tile (registry.SMALL_DECODE_PREFERENCE): the first that fits."""
+    d, kvb = shapes.head_dim, shapes.kv_bytes
+    tiles = {t.name: t for t in variant("attention", CUDA).tunables["decode_tile"]}
+    fit = [tiles[n] for n in SMALL_DECODE_PREFERENCE if tiles[n].fits(profile, d, kvb)]
+    return fit[0] if fit else None
 
 
 STREAM_INFLIGHT = 96 * 1024
@@ -436,6 +445,10 @@ class KernelSelector:
             stream, stream_why = None, "16-bit pool: decode keeps the mma.sync kernel (streaming no faster)"
         tunables: dict[str, Any] = {"decode_tile": dec, "prefill_tile": pre, "stream_decode": stream}
         why += f"; {stream_why}"
+        small = _small_decode_tile(profile, shapes)
+        if small is not None and not workload.batch_invariant:
+            tunables["small_decode_tile"] = small
+            why += f"; steps of fewer CTAs than SMs decode on {small.name}"
         if workload.batch_invariant:
             split_len = invariant_split_len(dec, workload.max_context)
             tunables.update(prefill_tile=dec, split_len=split_len)

@@ -71,6 +71,7 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
                 stream_tile=t.get("stream_decode"),
                 prefill_sm90=t.get("prefill_sm90"),
                 pdl=t.get("dependent_launch", False),
+                small_decode_tile=t.get("small_decode_tile"),
             )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")

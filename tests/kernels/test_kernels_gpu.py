@@ -167,7 +167,8 @@ def _attn_op(profile, cfg, max_context=8192, decode=None, prefill=None):
     shapes = shapes_for(dtype, kv_dtype, hq, hkv, d, page)
     chosen = KernelSelector().select(profile, shapes)["attention"].tunables
     dec, pre = decode or chosen["decode_tile"], prefill or chosen["prefill_tile"]
-    return PagedAttention(profile, shapes, dtype, dec, pre, max_context)
+    small = None if decode else chosen.get("small_decode_tile")  # the selector's tiles: small steps too
+    return PagedAttention(profile, shapes, dtype, dec, pre, max_context, small_decode_tile=small)
 
 
 def _check_attention(op, case, cfg):

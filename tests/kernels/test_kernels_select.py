@@ -69,6 +69,17 @@ def test_gemv_rows_by_device_and_mode():
     assert f32.variant == "reference"
 
 
+def test_small_decode_steps_get_their_own_tile():
+    """Decode steps with fewer CTAs than SMs (latency-bound) take the 4-warp, 64-key, 3-stage tile;
+    the batch-invariant mode keeps one tile for every step."""
+    from sgjit.kernels.registry import SMALL_DECODE_PREFERENCE
+
+    t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
+    assert t["small_decode_tile"].name == SMALL_DECODE_PREFERENCE[0] != t["decode_tile"].name
+    det = KernelSelector().select(PROFILES["H200"], shapes(), Workload(batch_invariant=True))["attention"]
+    assert "small_decode_tile" not in det.tunables
+
+
 def test_dependent_launch_for_small_layers_on_hopper():
     """The decode GEMVs and attention overlap the kernel before them on sm_90+ where a layer streams
     in about what its launches cost (SmolLM2's 9 MB), not on the 8B's 436 MB layers (measured slower),

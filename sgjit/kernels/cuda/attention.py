@@ -76,12 +76,16 @@ class PagedAttention:
         stream_tile: StreamTile | None = None,
         prefill_sm90: Sm90Tile | None = None,
         pdl: bool = False,
+        small_decode_tile: AttnTile | None = None,
     ) -> None:
         """`pdl`: launch the mma.sync kernel and the merge to overlap the kernel before them inside
-        captured graphs (pdl.py; the selector's `dependent_launch`)."""
+        captured graphs (pdl.py; the selector's `dependent_launch`). `small_decode_tile`: the mma.sync
+        decode tile of steps whose rows x kv heads give fewer CTAs than the device has SMs before
+        any split (`decode_tile` serves the larger ones)."""
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.pdl = pdl
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
+        self.small_decode_tile = small_decode_tile if not split_len else None
         self.max_context = max_context
         self.fixed_splits = fixed_splits  # decode split count set by hand (benchmarks, tests)
         # > 0: every split holds this many keys from position 0 (batch-invariant mode; the selector
@@ -89,16 +93,20 @@ class PagedAttention:
         if split_len % decode_tile.bn or split_len % prefill_tile.bn or split_len < 0:
             raise ValueError(f"split_len {split_len} must be a multiple of the tiles' key blocks")
         self.split_len = split_len
+        small = self.small_decode_tile or decode_tile
         names = [
             attention_name(shapes, decode_tile),
             attention_name(shapes, prefill_tile),
             merge_name(shapes),
+            attention_name(shapes, small),
         ]
         defines = (f"SGJIT_KV_L2_PREFETCH={kv_prefetch}",) if kv_prefetch else ()
         kernels = compile_kernels("attention", sorted(set(names)), defines)
         self.decode_kernel, self.prefill_kernel = kernels[names[0]], kernels[names[1]]
-        self.merge_kernel = kernels[names[2]]
-        for kern, tile in ((self.decode_kernel, decode_tile), (self.prefill_kernel, prefill_tile)):
+        self.merge_kernel, self.small_decode_kernel = kernels[names[2]], kernels[names[3]]
+        for kern, tile in (
+            (self.decode_kernel, decode_tile), (self.prefill_kernel, prefill_tile), (self.small_decode_kernel, small)
+        ):  # fmt: skip
             allow_smem(kern, tile.smem_bytes(shapes.head_dim, shapes.kv_bytes))
         if prefill_sm90 is not None and split_len:
             raise ValueError("the sm_90 prefill kernel has no fixed key splits (batch-invariant mode)")
@@ -114,15 +122,23 @@ class PagedAttention:
             except KernelError as e:
                 log.warning("streaming decode kernel unavailable (%s); decode uses the mma.sync kernel", e)
 
+    def _decode_tile(self, rows: int) -> tuple[AttnTile, object]:
+        """The mma.sync decode tile and kernel of a step of `rows` rows."""
+        small = self.small_decode_tile
+        if small is not None:
+            ctas = rows * self.shapes.num_kv_heads * -(-self.shapes.group // small.bm)
+            if ctas < self.profile.sm_count:
+                return small, self.small_decode_kernel
+        return self.decode_tile, self.decode_kernel
+
     def splits_for_batch(self, batch: int, max_context: int | None = None) -> int:
         """Decode split count for a batch size and a static context bound (a graph bucket's)."""
         if self.split_len:
             return -(-(max_context or self.max_context) // self.split_len)
         if self.fixed_splits is not None:
             return self.fixed_splits
-        return decode_splits(
-            self.profile, self.decode_tile, self.shapes, batch, max_context or self.max_context
-        )
+        tile = self._decode_tile(batch)[0]
+        return decode_splits(self.profile, tile, self.shapes, batch, max_context or self.max_context)
 
     def decode_launch(self, rows: int, max_kv_len: int) -> tuple[str, int]:
         """The static part of a decode step's launch for `rows` rows under a context bound: the kernel
@@ -130,17 +146,17 @@ class PagedAttention:
         this is the same (see `DecodeGraphs.context_bucket`)."""
         if self.stream is not None and self.stream.smem_bytes(rows) <= self.profile.smem_per_block_optin:
             return "stream", self.stream.ctas(rows, max_kv_len)
-        return "split", self.splits_for_batch(rows)
+        return f"split {self._decode_tile(rows)[0].name}", self.splits_for_batch(rows)
 
     def _plan_for(self, meta: AttentionMetadata) -> _Plan:
         if self._plan is not None and self._plan.meta is meta:
             return self._plan
         g, hkv = self.shapes.group, self.shapes.num_kv_heads
         if meta.is_decode:
-            tile = self.decode_tile
+            tile, kernel = self._decode_tile(meta.num_rows)
             m_tiles = -(-g // tile.bm)
             grid = (hkv, meta.num_rows * m_tiles, self.splits_for_batch(meta.num_rows))
-            plan = _Plan(meta, self.decode_kernel, tile, grid, None, m_tiles)
+            plan = _Plan(meta, kernel, tile, grid, None, m_tiles)
         else:
             tile = self.prefill_tile if self.sm90 is None else self.sm90.tile
             bm = tile.bm if isinstance(tile, AttnTile) else tile.BM
@@ -195,7 +211,7 @@ class PagedAttention:
         if splits > 1:
             rows = n * hq
             launch(
-                self.merge_kernel, (-(-rows * (d // 4) // MERGE_BLOCK),), MERGE_BLOCK,
+                self.merge_kernel, (-(-rows * 32 // MERGE_BLOCK),), MERGE_BLOCK,  # a warp a row
                 (ptr(part_o), ptr(part_lse), ptr(out), np.int32(rows), np.int32(splits)), pdl=self.pdl,
             )  # fmt: skip
         return out
