@@ -146,11 +146,13 @@ def summarize(trace: dict[str, Any], top: int = 15, host_kind: str = "mixed") ->
     starts = [r.start for r in ranges]
 
     by_name: dict[str, float] = defaultdict(float)
+    launches_by_name: dict[str, int] = defaultdict(int)
     intervals = []
     for e in gpu:
         start, end = e["ts"], e["ts"] + e["dur"]
         intervals.append((start, end))
         by_name[e.get("name", "?")] += e["dur"]
+        launches_by_name[e.get("name", "?")] += 1
         launched = launches.get(e.get("args", {}).get("correlation"))
         if launched is not None and ranges:
             i = bisect.bisect_right(starts, launched) - 1
@@ -181,7 +183,12 @@ def summarize(trace: dict[str, Any], top: int = 15, host_kind: str = "mixed") ->
         "host_kind": host_kind,
         "host_top": host_self_times(events, [r for r in ranges if r.kind == host_kind], top),
         "top_kernels": [
-            {"name": name[:120], "ms": round(us / 1e3, 2), "pct": round(100 * us / kernel_total, 1)}
+            {
+                "name": name[:120],
+                "ms": round(us / 1e3, 3),
+                "pct": round(100 * us / kernel_total, 1),
+                "launches": launches_by_name[name],
+            }  # fmt: skip
             for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
         ],
     }

@@ -66,6 +66,21 @@ def test_host_profile_on_the_cpu(tmp_path):
     )
 
 
+def test_decode_kernels_on_the_cpu(tmp_path):
+    """The profiled generation's trace is read by engine step: its decode launches are found (the
+    step ranges tie the trace to the run) and the decode rate is measured. On the CPU there are no
+    kernels to list (the GPU runs are in docs/performance.md)."""
+    r = run_bench(
+        "decode_kernels",
+        ["--device", "cpu", "--batch-size", "2", "--input-len", "8", "--output-len", "9"],
+        tmp_path,
+    )
+    row = r["rows"][0]
+    assert row["decode_tok_s_per_seq"] > 0 and row["kernels"] == []
+    kinds = {s["kind"]: s for s in row["steps"]}
+    assert kinds.keys() & {"decode", "multi"} and kinds.get("prefill", {"count": 1})["count"] >= 1
+
+
 def test_latency_host_time_on_the_cpu(tmp_path):
     """The bucketed decode path run eagerly on the CPU has multi-step launches, so the engine's host
     time per decode step and the output thread's time per token are measured there."""
