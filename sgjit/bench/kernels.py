@@ -181,6 +181,32 @@ def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
     detail["decode_reference_op_us"] = 1e6 * median_cuda_seconds(
         lambda: reference.attention(case.q, case.kv, case.meta, SCALE), reps=5
     )
+    detail["small_decode_sweep_us"] = _small_decode_sweep(profile, tiles)
+
+
+# The latency-bound small steps: where the selector's small-step tile comes from (registry.py).
+SMALL_DECODE_STEPS = ((1, 512), (1, 4096), (8, 512), (8, 4096))
+SMALL_DECODE_SPLITS = (4, 8, 16, 32)
+
+
+def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Small decode steps (fewer CTAs than SMs before any split): every mma.sync decode tile at
+    several split counts, merge included, as CUDA-graph replays, beside torch SDPA (GQA)."""
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    out = {}
+    prefill = tiles["prefill_tile"][0]
+    for b, ctx in SMALL_DECODE_STEPS:
+        case = paged_attention_case([1] * b, [ctx] * b, HQ, HKV, D, PAGE, BF16, BF16, DEV)
+        times = {}
+        for tile, splits in itertools.product(tiles["decode_tile"], SMALL_DECODE_SPLITS):
+            op = PagedAttention(profile, _shapes(), BF16, tile, prefill, 8192, fixed_splits=splits)
+            times[f"{tile.name}/splits{splits}"] = 1e6 * _graph_seconds(
+                lambda op=op, c=case: op(c.q, c.kv, c.meta, SCALE)
+            )
+        times["sdpa_gqa"] = 1e6 * _sdpa_seconds(b, ctx, case.q)["sdpa_gqa"]
+        out[f"B={b} ctx={ctx}"] = times
+    return out
 
 
 def bench_prefill(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
