@@ -80,6 +80,33 @@ def test_small_decode_steps_get_their_own_tile():
     assert "small_decode_tile" not in det.tunables
 
 
+def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
+    """The op's rule (no kernels needed: the launch plan is host arithmetic): on the H200's 132 SMs
+    and the 8B's 8 kv heads, steps of up to 16 rows decode on the small tile with its own split
+    count, from 17 rows on the large tile; a graph key names the tile, so the two never share one."""
+    from types import SimpleNamespace
+
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
+    op = SimpleNamespace(
+        profile=PROFILES["H200"], shapes=shapes(), decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
+        decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
+        stream=None,
+    )  # fmt: skip
+    op._decode_tile = lambda rows: PagedAttention._decode_tile(op, rows)
+    op.splits_for_batch = lambda b, ctx=None: PagedAttention.splits_for_batch(op, b, ctx)
+    assert [PagedAttention._decode_tile(op, rows)[1] for rows in (1, 16, 17, 64)] == [
+        "small",
+        "small",
+        "large",
+        "large",
+    ]
+    one, big = PagedAttention.decode_launch(op, 1, 8192), PagedAttention.decode_launch(op, 64, 8192)
+    assert t["small_decode_tile"].name in one[0] and t["decode_tile"].name in big[0]
+    assert one[1] > 1  # a lone row's keys split over the SMs
+
+
 def test_dependent_launch_for_small_layers_on_hopper():
     """The decode GEMVs and attention overlap the kernel before them on sm_90+ where a layer streams
     in about what its launches cost (SmolLM2's 9 MB), not on the 8B's 436 MB layers (measured slower),
