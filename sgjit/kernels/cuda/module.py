@@ -113,20 +113,20 @@ def ptr(t: torch.Tensor | None) -> np.uint64:
     return np.uint64(0 if t is None else t.data_ptr())
 
 
-_pdl_devices: dict[int, bool] = {}
+_sm90_or_later: dict[int, bool] = {}
 
 
 def pdl_enabled() -> bool:
     """Whether launches that ask for it overlap the kernel before them (pdl.py): on a device of
     compute capability 9.0+ with SGJIT_PDL on (the default), and only while a CUDA graph is being
-    captured (the decode steps; an eager launch through ctypes would cost more host time than the
-    overlap saves there)."""
+    captured: the decode steps, whose kernels run back to back. Eager launches keep CuPy's launch
+    (its Cython path is cheaper on the host than the ctypes call)."""
     if not torch.cuda.is_current_stream_capturing():
         return False
     device = torch._C._cuda_getDevice()
-    hopper = _pdl_devices.get(device)
+    hopper = _sm90_or_later.get(device)  # compute capability by device, asked once
     if hopper is None:
-        hopper = _pdl_devices[device] = torch.cuda.get_device_capability(device) >= (9, 0)
+        hopper = _sm90_or_later[device] = torch.cuda.get_device_capability(device) >= (9, 0)
     return hopper and env().pdl
 
 
