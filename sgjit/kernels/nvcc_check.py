@@ -36,7 +36,6 @@ from sgjit.kernels.registry import (
     HALF_DTYPES,
     MEGAKERNEL_ROW_CHOICES,
     SM90_SCHEDULE_PREFERENCE,
-    SMALL_DECODE_PREFERENCE,
     StreamTile,
     variant,
 )
@@ -74,8 +73,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
     attn = set()
     for dt, kv, (d, g), page in itertools.product(dtypes, kvs, dims_groups, pages):
         shapes = _shapes(dt, dt if kv == "same" else kv, d, g, page)
-        small = next(t for t in decode if t.name == SMALL_DECODE_PREFERENCE[0])
-        chosen = (decode + prefill) if full else (decode[0], prefill[0], small)
+        chosen = (decode + prefill) if full else (decode[0], prefill[0])
         attn |= {attention_name(shapes, t) for t in chosen}
         attn.add(merge_name(shapes))
     base = _shapes("bfloat16", "bfloat16", 128, 4, 16)
@@ -112,10 +110,10 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
             if kernel == ROPE or kv == dt
         ],
         "fp8_quant": [quantize_rows_name(dt) for dt in dtypes],
-        # every rows bucket at SmolLM2's heads (the model it is for), the other recorded heads at 1 and 8
+        # every rows bucket at SmolLM2's heads (the model it is for), the other recorded heads at 1 row
         "megakernel": sorted(
             {megakernel_name(dt, b, 64, 3) for dt in dtypes for b in MEGAKERNEL_ROW_CHOICES}
-            | {megakernel_name(dt, b, d, g) for dt in dtypes for d, g in dims_groups for b in (1, 8)}
+            | {megakernel_name(dt, 1, d, g) for dt in dtypes for d, g in dims_groups}
         ),
     }
 
