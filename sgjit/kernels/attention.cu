@@ -445,10 +445,10 @@ __global__ void __launch_bounds__(32 * WM * WN)
 
 // out[r] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max) over the splits of each (token, head) row r,
 // one warp a row. The lanes read the splits' log-sum-exps 32 at a time (the max by shuffles); then each
-// lane owns D / 32 dims and walks the splits in order with MERGE_UNROLL partial loads in flight, so a
-// merge costs a few memory round trips rather than one a split (a small batch's decode step has up
-// to 32 splits). A split with no keys (lse = -inf, its partial never written) adds nothing. Sums run
-// in split order, as one thread a row summed them before.
+// lane owns D / 32 dims and walks the splits in order with MERGE_UNROLL partial loads in flight (in
+// CUDA-graph replays this measured the same as one thread a row walking the splits: the launch, not
+// the loads, is the merge's cost; docs/performance.md). A split with no keys (lse = -inf, its
+// partial never written) adds nothing. Sums run in split order, as one thread a row summed them before.
 constexpr int MERGE_UNROLL = 16;
 template <int N> struct FloatVec;
 template <> struct FloatVec<2> { typedef float2 type; };
