@@ -449,6 +449,8 @@ class KernelSelector:
         if small is not None and not workload.batch_invariant:
             tunables["small_decode_tile"] = small
             why += f"; steps of fewer CTAs than SMs decode on {small.name}"
+            if stream is not None:
+                why += " (fp8 pools: steps of at most half as many, the rest stream)"
         if workload.batch_invariant:
             split_len = invariant_split_len(dec, workload.max_context)
             tunables.update(prefill_tile=dec, split_len=split_len)

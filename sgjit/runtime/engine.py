@@ -40,7 +40,7 @@ from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.scheduler import RowChunk, ScheduledBatch, Scheduler
 from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import Tokenizer
-from sgjit.runtime.transfer import Readback, to_device
+from sgjit.runtime.transfer import PinnedBuffers, Readback, to_device
 from sgjit.settings import env
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class Engine:
         self.cache: RadixCache = parts.scheduler.cache
         self._inflight: Launch | None = None
         self._host_bound = 0  # unfinished requests whose sampling reads their tokens on the host
+        self._pinned = PinnedBuffers()  # what launches read back into
 
     # ----- called from any thread -----
     def submit(self, req: Request) -> None:
@@ -314,7 +315,9 @@ class Engine:
         compute0, capture0 = self.runner.cpu_compute_seconds, self.runner.capture_seconds
         out = self.runner.forward(rows)
         dev, vocab = out.logits.device, self.sampler.vocab_size
-        launch = Launch(rows, [b for b, r in enumerate(rows) if r.sample], [], [], False, Readback([]))
+        launch = Launch(
+            rows, [b for b, r in enumerate(rows) if r.sample], [], [], False, Readback([], self._pinned)
+        )
         for b, (first_row, first_pos, count) in out.prompt_index.items():
             req = rows[b].req
             lps = torch.log_softmax(out.logits[first_row : first_row + count, :vocab], dim=-1)
@@ -338,7 +341,7 @@ class Engine:
                     )
         tensors += [t for lp in launch.input_logprobs for t in lp.values.tensors()]
         tensors += [t for lp in launch.output_logprobs.values() for t in lp.tensors()]
-        launch.readback = Readback(tensors)
+        launch.readback = Readback(tensors, self._pinned)
         # committed: nothing below raises
         for lp in launch.input_logprobs:
             req = rows[lp.row].req
@@ -392,7 +395,7 @@ class Engine:
             raise LaunchFailed(rows, e, multi=True) from e
         if out is None:
             return None
-        launch = Launch(rows, list(range(len(rows))), budgets, [], True, Readback([out]))
+        launch = Launch(rows, list(range(len(rows))), budgets, [], True, Readback([out], self._pinned))
         futures = self.runner.futures
         for i, (row, budget) in enumerate(zip(rows, budgets)):
             req = row.req
@@ -425,6 +428,7 @@ class Engine:
             for lp in launch.input_logprobs
         }
         outputs = {j: HostLogprobs.read(lp, host) for j, lp in launch.output_logprobs.items()}
+        launch.readback.release()  # everything read back is now in Python values
         sampled = dict(zip(launch.sampled, range(len(launch.sampled))))
         columns = list(zip(*tokens)) if launch.multi else []  # a multi-step row's tokens: a column
         updates: list[TokenUpdate] = []

@@ -94,8 +94,8 @@ def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
         decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
         stream=None,
     )  # fmt: skip
-    op._decode_tile = lambda rows: PagedAttention._decode_tile(op, rows)
-    op.splits_for_batch = lambda b, ctx=None: PagedAttention.splits_for_batch(op, b, ctx)
+    for name in ("_small_ctas", "_decode_tile", "_streams", "splits_for_batch"):
+        setattr(op, name, getattr(PagedAttention, name).__get__(op))
     assert [PagedAttention._decode_tile(op, rows)[1] for rows in (1, 16, 17, 64)] == [
         "small",
         "small",
@@ -105,6 +105,29 @@ def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
     one, big = PagedAttention.decode_launch(op, 1, 8192), PagedAttention.decode_launch(op, 64, 8192)
     assert t["small_decode_tile"].name in one[0] and t["decode_tile"].name in big[0]
     assert one[1] > 1  # a lone row's keys split over the SMs
+
+
+def test_fp8_pools_leave_the_smallest_steps_to_the_small_tile():
+    """fp8 pools decode on the streaming kernel, except steps of at most half the SMs' worth of
+    small-tile CTAs (H100 sweep): on 132 SMs and 8 kv heads, up to 8 rows take the small mma.sync
+    tile, from 9 rows on the stream; eager calls and graph keys agree."""
+    from types import SimpleNamespace
+
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    sh = shapes(kv=torch.float8_e4m3fn)
+    t = KernelSelector().select(PROFILES["H200"], sh)["attention"].tunables
+    assert t["stream_decode"] is not None and t["small_decode_tile"] is not None
+    op = SimpleNamespace(
+        profile=PROFILES["H200"], shapes=sh, decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
+        decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
+        stream=SimpleNamespace(smem_bytes=lambda rows: 1024, ctas=lambda rows, ctx: 132),
+    )  # fmt: skip
+    for name in ("_small_ctas", "_decode_tile", "_streams", "splits_for_batch"):
+        setattr(op, name, getattr(PagedAttention, name).__get__(op))
+    assert [op._streams(rows) for rows in (1, 8, 9, 64)] == [False, False, True, True]
+    assert PagedAttention.decode_launch(op, 1, 8192)[0] == f"split {t['small_decode_tile'].name}"
+    assert PagedAttention.decode_launch(op, 9, 8192) == ("stream", 132)
 
 
 def test_dependent_launch_for_small_layers_on_hopper():
