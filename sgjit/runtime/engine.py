@@ -379,16 +379,17 @@ class Engine:
             return None
         t0 = time.perf_counter()
         compute0, capture0 = self.runner.cpu_compute_seconds, self.runner.capture_seconds
-        batch = self.scheduler.schedule_decode_ahead(self._budget)
+        planned: dict[Request, int] = {}  # each row's budget, as the scheduler reserved pages for it
+        batch = self.scheduler.schedule_decode_ahead(lambda req: planned.setdefault(req, self._budget(req)))
         if batch is None:
             return None
         rows = batch.rows
-        budgets = [self._budget(r.req) for r in rows]
         reqs = [r.req for r in rows]
-        stop_on_eos = [not r.params.ignore_eos for r in reqs]
+        budgets = [planned[req] for req in reqs]
+        stop_on_eos = [not req.params.ignore_eos for req in reqs]
         try:
             # all greedy (the common case): the graph takes the argmax and needs no sampling rows
-            sampling = None if all(r.params.is_greedy for r in reqs) else RowSampling.of(reqs)
+            sampling = None if all(req.params.is_greedy for req in reqs) else RowSampling.of(reqs)
             with nvtx_range(f"multi rows={len(rows)} steps={self.runner.multi_steps}"):
                 out = self.runner.forward_multi(rows, budgets, stop_on_eos, sampling, self.sampler.generator)
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
