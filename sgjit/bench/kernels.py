@@ -186,7 +186,7 @@ def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
 
 # The latency-bound small steps: where the selector's small-step tile comes from (registry.py).
 SMALL_DECODE_STEPS = ((1, 512), (1, 4096), (8, 512), (8, 4096))
-SMALL_DECODE_SPLITS = (4, 8, 16, 32)
+SMALL_DECODE_SPLITS = (1, 2, 4, 8, 16, 32)
 
 
 def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[str, dict[str, float]]:
