@@ -108,6 +108,7 @@ class Engine:
         self.max_model_len = parts.max_model_len
         self.overlap = parts.overlap
         self.output = OutputThread(OutputProcessor(parts.tokenizer), self._output_failed)
+        self.output.hold = self.overlap  # hand-out runs while the engine waits for the device
         self.multi_step_off = False  # set when multi-step launches fail where single steps do not
         self.pool: PagedKVPool = parts.scheduler.pool
         self.cache: RadixCache = parts.scheduler.cache
@@ -169,7 +170,10 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self._has_work())
+            idle = not self._has_work()
+            if idle:
+                self.output.flush()
+            self._drain(block=idle)
             if self._stop.is_set():
                 break
             if self._has_work():
@@ -241,6 +245,7 @@ class Engine:
         if self.scheduler.waiting and not self.scheduler.running:
             self._fail_unschedulable()
         else:
+            self.output.flush()
             time.sleep(0.001)
 
     def _try_launch(self, prev: Launch | None) -> Launch | None:
@@ -421,6 +426,7 @@ class Engine:
         end (by id here; by a stop string once the output thread has looked), and hand the tokens
         to the output thread."""
         launch.completed = True
+        self.output.flush()  # the launches before this one are handed out while it is waited for
         t0 = time.perf_counter()
         host = iter(launch.readback.wait())
         tokens = next(host).tolist() if launch.sampled else []

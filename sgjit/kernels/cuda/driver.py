@@ -29,8 +29,10 @@ class _Memcpy2D(ctypes.Structure):
 
 @functools.cache
 def libcuda() -> Any:
+    """The driver, its calls made holding the GIL (`PyDLL`): they only queue work and return within
+    microseconds, and a thread that lets the GIL go may wait a switch interval to get it back."""
     try:
-        return ctypes.CDLL("libcuda.so.1")
+        return ctypes.PyDLL("libcuda.so.1")
     except OSError as e:
         raise KernelError(f"the CUDA driver library could not be loaded: {e}") from e
 
