@@ -108,7 +108,9 @@ class Engine:
         self.max_model_len = parts.max_model_len
         self.overlap = parts.overlap
         self.output = OutputThread(OutputProcessor(parts.tokenizer), self._output_failed)
-        self.output.hold = self.overlap  # hand-out runs while the engine waits for the device
+        # hand-out runs while the engine waits for the device (on a CPU the engine computes the step
+        # itself, so holding would only delay the tokens a step)
+        self.output.hold = self.overlap and self.runner.device.type != "cpu"
         self.multi_step_off = False  # set when multi-step launches fail where single steps do not
         self.pool: PagedKVPool = parts.scheduler.pool
         self.cache: RadixCache = parts.scheduler.cache
