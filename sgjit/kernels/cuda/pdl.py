@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from sgjit.errors import KernelError
-from sgjit.kernels.cuda.driver import libcuda
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -51,8 +50,9 @@ _CTYPES = {
 @functools.cache
 def _driver() -> Any:
     try:
-        fn = libcuda().cuLaunchKernelEx
-    except AttributeError as e:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernelEx
+    except (OSError, AttributeError) as e:
         raise KernelError(f"the CUDA driver has no cuLaunchKernelEx: {e}") from e
     fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
     fn.restype = ctypes.c_int
