@@ -30,6 +30,7 @@ from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.kv_pool import SCRATCH_PAGE, PagedKVPool
 from sgjit.runtime.model.llama import LlamaModel
 from sgjit.runtime.sampler import RowSampling
+from sgjit.runtime.transfer import copy_async
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +50,21 @@ class _HostTwins:
     scalars: torch.Tensor
     fscalars: torch.Tensor
     table: torch.Tensor
-    stop: torch.Tensor
 
 
 @dataclass(slots=True)
 class _Buffers:
     """Static inputs for one context bucket, sized for the largest batch bucket."""
 
-    scalars: torch.Tensor  # int64 [8, max_bs]: token, position, slot, kv length, budget, top_k, seed, step
+    # int64 [9, max_bs]: token, position, slot, kv length, budget, top_k, seed, step, and (multi-step)
+    # whether the row ends at EOS (not ignore_eos)
+    scalars: torch.Tensor
     fscalars: torch.Tensor  # float32 [3, max_bs]: temperature, top_p, min_p (multi-step sampling)
     draws: torch.Tensor  # int64 [steps]: Philox key of unseeded rows, one a step
-    kv_lens: torch.Tensor  # int32 [max_bs] (ops take int32 lengths)
+    kv_lens: torch.Tensor  # int32 [max_bs] (ops take int32 lengths): the graph converts scalars[3]
     qo_indptr: torch.Tensor
     page_table: torch.Tensor
     rows: torch.Tensor  # arange, the logits indices
-    stop_on_eos: torch.Tensor  # multi-step: bool, the row ends at EOS (not ignore_eos)
     # Two sets used in turn: a launch's copies may still be queued behind the launch before it when
     # the next one is loaded; the set after next is free once the launch before it was read back.
     host: tuple[_HostTwins, _HostTwins]
@@ -174,21 +175,19 @@ class DecodeGraphs:
 
             def twins() -> _HostTwins:
                 return _HostTwins(
-                    scalars=torch.zeros(8, n, dtype=torch.int64, **pinned),
+                    scalars=torch.zeros(9, n, dtype=torch.int64, **pinned),
                     fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
                     table=torch.zeros(n * pages, dtype=torch.int32, **pinned),  # [bs, used width] a load
-                    stop=torch.ones(n, dtype=torch.bool, **pinned),
                 )
 
             self._buffers[ctx] = _Buffers(
-                scalars=torch.zeros(8, n, dtype=torch.int64, device=dev),
+                scalars=torch.zeros(9, n, dtype=torch.int64, device=dev),
                 fscalars=torch.zeros(3, n, dtype=torch.float32, device=dev),
                 draws=torch.zeros(self.steps, dtype=torch.int64, device=dev),
                 kv_lens=torch.ones(n, dtype=torch.int32, device=dev),
                 qo_indptr=torch.arange(n + 1, dtype=torch.int32, device=dev),
                 page_table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, device=dev),
                 rows=torch.arange(n, dtype=torch.int64, device=dev),
-                stop_on_eos=torch.ones(n, dtype=torch.bool, device=dev),
                 host=(twins(), twins()),
             )
             self._park(self._buffers[ctx])
@@ -212,12 +211,14 @@ class DecodeGraphs:
         are done (EOS, out of budget) to the scratch page so they never write past the pages
         reserved for them."""
         layers = self.pool.layers
+        b = self._buffers_for(ctx)
+        b.kv_lens[:bs].copy_(b.scalars[3, :bs])
         batch.input_ids.copy_(self.futures.resolve(batch.input_ids))
         if steps == 1:
             self.logits[:bs].copy_(self.model.forward(batch, layers))
             return
-        b = self._buffers_for(ctx)
         ps = self.pool.page_size
+        stop_on_eos = b.scalars[8, :bs] != 0
         table = b.page_table[:bs]
         positions, kv_lens, slots = b.positions[:bs], b.kv_lens[:bs], b.slots[:bs]
         done = torch.zeros(bs, dtype=torch.bool, device=self.device)
@@ -230,7 +231,7 @@ class DecodeGraphs:
             if sampled:
                 b.scalars[7, :bs].add_(1)
             self.out_tokens[k, :bs].copy_(nxt)
-            at_eos = (nxt[:, None] == self.eos[None, :]).any(dim=-1) & b.stop_on_eos[:bs]
+            at_eos = (nxt[:, None] == self.eos[None, :]).any(dim=-1) & stop_on_eos
             done = done | at_eos | (b.budgets[:bs] <= k + 1)
             b.input_ids[:bs].copy_(nxt)
             positions.add_(1)
@@ -296,6 +297,7 @@ class DecodeGraphs:
         """Point every row of the buffers at the scratch page (position 0, context 1, no budget)."""
         b.scalars.zero_()
         b.slots.fill_(SCRATCH_PAGE * self.pool.page_size)
+        b.scalars[3].fill_(1)
         b.kv_lens.fill_(1)
         b.page_table.fill_(SCRATCH_PAGE)
 
@@ -305,9 +307,10 @@ class DecodeGraphs:
         sampling: RowSampling | None = None,
     ) -> None:  # fmt: skip
         """Rows into the static buffers through their pinned twins (padding rows read and write the
-        scratch page). The copies are queued without waiting; the twins filled here are filled again
-        two loads later, when the engine has read back the launch before this one, whose inputs were
-        copied before it ran."""
+        scratch page), in two copies (three when sampling), each one driver call: the host time of a
+        launch. They are queued without waiting; the twins filled here are filled again two loads
+        later, when the engine has read back the launch before this one, whose inputs were copied
+        before it ran."""
         n = len(tokens)
         b = self._buffers_for(ctx)
         host = b.host[self._parity]
@@ -321,13 +324,15 @@ class DecodeGraphs:
         h[2, :n] = slots
         h[3, :n] = h[1, :n] + 1
         h[4, :n] = budgets if budgets is not None else 1
+        if stop_on_eos is not None:
+            h[8, :n] = stop_on_eos
         if sampling is not None:
             h[5, :n], h[6, :n], h[7, :n] = sampling.top_k, sampling.seeds, sampling.steps
             h[6, n:bs] = -1
             f = host.fscalars.numpy()
             f[:, n:bs] = ((0.0,), (1.0,), (0.0,))  # padding rows: greedy
             f[0, :n], f[1, :n], f[2, :n] = sampling.temperature, sampling.top_p, sampling.min_p
-            b.fscalars[:, :bs].copy_(host.fscalars[:, :bs], non_blocking=True)
+            copy_async(b.fscalars[:, :bs], host.fscalars[:, :bs])
         # Only the columns some row uses go over (a whole-context bound can be thousands of pages
         # wide); a row never reads past its own pages, which its kv length and reserved budget cover.
         width = min(max(map(len, page_rows)), b.page_table.shape[1])
@@ -335,13 +340,10 @@ class DecodeGraphs:
         t = table.numpy()
         t[:] = SCRATCH_PAGE
         for i, pages in enumerate(page_rows):
-            t[i, : len(pages)] = pages[:width]
-        b.scalars[:, :bs].copy_(host.scalars[:, :bs], non_blocking=True)
-        b.kv_lens[:bs].copy_(b.scalars[3, :bs])
-        b.page_table[:bs, :width].copy_(table, non_blocking=True)
-        if stop_on_eos is not None:
-            host.stop.numpy()[:n] = stop_on_eos
-            b.stop_on_eos[:bs].copy_(host.stop[:bs], non_blocking=True)
+            k = min(len(pages), width)
+            t[i, :k] = pages if k == len(pages) else pages[:k]
+        copy_async(b.scalars[:, :bs], host.scalars[:, :bs])
+        copy_async(b.page_table[:bs, :width], table)
 
     def run(
         self, tokens: list[int], positions: list[int], slots: list[int], page_rows: list[list[int]]

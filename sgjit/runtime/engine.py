@@ -40,7 +40,7 @@ from sgjit.runtime.sampler import RowSampling, Sampler
 from sgjit.runtime.scheduler import RowChunk, ScheduledBatch, Scheduler
 from sgjit.runtime.token_finish import first_finish
 from sgjit.runtime.tokenizer import Tokenizer
-from sgjit.runtime.transfer import Readback, to_device
+from sgjit.runtime.transfer import PinnedBuffers, Readback, to_device
 from sgjit.settings import env
 
 log = logging.getLogger(__name__)
@@ -108,11 +108,15 @@ class Engine:
         self.max_model_len = parts.max_model_len
         self.overlap = parts.overlap
         self.output = OutputThread(OutputProcessor(parts.tokenizer), self._output_failed)
+        # hand-out runs while the engine waits for the device (on a CPU the engine computes the step
+        # itself, so holding would only delay the tokens a step)
+        self.output.hold = self.overlap and self.runner.device.type != "cpu"
         self.multi_step_off = False  # set when multi-step launches fail where single steps do not
         self.pool: PagedKVPool = parts.scheduler.pool
         self.cache: RadixCache = parts.scheduler.cache
         self._inflight: Launch | None = None
         self._host_bound = 0  # unfinished requests whose sampling reads their tokens on the host
+        self._pinned = PinnedBuffers()  # what launches read back into
 
     # ----- called from any thread -----
     def submit(self, req: Request) -> None:
@@ -168,7 +172,10 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self._has_work())
+            idle = not self._has_work()
+            if idle:
+                self.output.flush()
+            self._drain(block=idle)
             if self._stop.is_set():
                 break
             if self._has_work():
@@ -240,6 +247,7 @@ class Engine:
         if self.scheduler.waiting and not self.scheduler.running:
             self._fail_unschedulable()
         else:
+            self.output.flush()
             time.sleep(0.001)
 
     def _try_launch(self, prev: Launch | None) -> Launch | None:
@@ -314,7 +322,9 @@ class Engine:
         compute0, capture0 = self.runner.cpu_compute_seconds, self.runner.capture_seconds
         out = self.runner.forward(rows)
         dev, vocab = out.logits.device, self.sampler.vocab_size
-        launch = Launch(rows, [b for b, r in enumerate(rows) if r.sample], [], [], False, Readback([]))
+        launch = Launch(
+            rows, [b for b, r in enumerate(rows) if r.sample], [], [], False, Readback([], self._pinned)
+        )
         for b, (first_row, first_pos, count) in out.prompt_index.items():
             req = rows[b].req
             lps = torch.log_softmax(out.logits[first_row : first_row + count, :vocab], dim=-1)
@@ -338,7 +348,7 @@ class Engine:
                     )
         tensors += [t for lp in launch.input_logprobs for t in lp.values.tensors()]
         tensors += [t for lp in launch.output_logprobs.values() for t in lp.tensors()]
-        launch.readback = Readback(tensors)
+        launch.readback = Readback(tensors, self._pinned)
         # committed: nothing below raises
         for lp in launch.input_logprobs:
             req = rows[lp.row].req
@@ -393,7 +403,7 @@ class Engine:
             raise LaunchFailed(rows, e, multi=True) from e
         if out is None:
             return None
-        launch = Launch(rows, list(range(len(rows))), budgets, [], True, Readback([out]))
+        launch = Launch(rows, list(range(len(rows))), budgets, [], True, Readback([out], self._pinned))
         futures = self.runner.futures
         for i, (row, budget) in enumerate(zip(rows, budgets)):
             req = row.req
@@ -418,6 +428,7 @@ class Engine:
         end (by id here; by a stop string once the output thread has looked), and hand the tokens
         to the output thread."""
         launch.completed = True
+        self.output.flush()  # the launches before this one are handed out while it is waited for
         t0 = time.perf_counter()
         host = iter(launch.readback.wait())
         tokens = next(host).tolist() if launch.sampled else []
@@ -426,6 +437,7 @@ class Engine:
             for lp in launch.input_logprobs
         }
         outputs = {j: HostLogprobs.read(lp, host) for j, lp in launch.output_logprobs.items()}
+        launch.readback.release()  # everything read back is now in Python values
         sampled = dict(zip(launch.sampled, range(len(launch.sampled))))
         columns = list(zip(*tokens)) if launch.multi else []  # a multi-step row's tokens: a column
         updates: list[TokenUpdate] = []

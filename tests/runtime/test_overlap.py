@@ -37,6 +37,7 @@ def _summary(outs: list[dict]) -> list[tuple]:
 @pytest.fixture(scope="module")
 def overlapped():
     rt = sgjit.Runtime(device="cpu", max_total_tokens=8192, seed=0, overlap_schedule=True)
+    rt.engine.output.hold = True  # as on a GPU: hand-out held until the engine blocks
     yield rt
     rt.shutdown()
 
@@ -49,6 +50,7 @@ def multi():
         device="cpu", max_total_tokens=4096, max_model_len=1024, seed=0, overlap_schedule=True,
         bucketed_decode=True, cuda_graph_max_bs=8, multi_step=4,
     )  # fmt: skip
+    rt.engine.output.hold = True
     yield rt
     rt.shutdown()
 

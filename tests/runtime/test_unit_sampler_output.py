@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -670,6 +671,28 @@ def test_output_thread_hands_out_in_order_and_a_barrier_waits_for_it() -> None:
         out.barrier()
         assert got[-1][:2] == ("b", "")
         assert not failures
+    finally:
+        out.stop()
+
+
+def test_held_hand_out_waits_for_flush_and_keeps_its_order() -> None:
+    """With `hold` (overlap scheduling) nothing queued reaches a sink until the engine flushes (it is
+    about to block), and then in the order queued, the final update last; a barrier flushes first."""
+    got: list[str] = []
+    out = OutputThread(_proc(), lambda r, e: None)
+    out.hold = True
+    try:
+        a = _req(rid="a", max_new_tokens=10)
+        a.sink = lambda u: got.append(u.text)
+        out.deliver([TokenUpdate(a, [1])])
+        out.deliver([TokenUpdate(a, [2])])
+        time.sleep(0.05)
+        assert got == []  # held
+        out.flush()
+        a.finish_reason = FinishReason.at_length(2)
+        out.finish(a, None, None)
+        out.barrier()
+        assert got == ["Hello", " world", ""]
     finally:
         out.stop()
 

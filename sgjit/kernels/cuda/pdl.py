@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from sgjit.errors import KernelError
+from sgjit.kernels.cuda.driver import libcuda
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -50,9 +51,8 @@ _CTYPES = {
 @functools.cache
 def _driver() -> Any:
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernelEx
-    except (OSError, AttributeError) as e:
+        fn = libcuda().cuLaunchKernelEx
+    except AttributeError as e:
         raise KernelError(f"the CUDA driver has no cuLaunchKernelEx: {e}") from e
     fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
     fn.restype = ctypes.c_int
