@@ -1,10 +1,12 @@
 """`python -m sgjit.bench.host_profile`: where the engine thread's time per decode step goes. A
-greedy generation of --output-len tokens a row at each --batch-size runs twice: the first warms and
-captures (on the CPU the bucketed decode path runs eagerly: the GPU's path without graphs); during
-the second, cProfile records the engine thread inside its launch and completion
-methods (`Engine._launch_multi`, `_launch_rows`, `_complete`), and each multi-step graph replay's
-host time is taken alone. Prints the engine's `host_us_per_step` (what bench.latency reports), the
-replay's share, and the profile's top functions by own and by cumulative time.
+greedy generation of --output-len tokens a row at each --batch-size runs three times: the first warms
+and captures (on the CPU the bucketed decode path runs eagerly: the GPU's path without graphs); the
+second times the phases of each multi-step launch with plain clocks (schedule, load the graph's
+inputs, replay, complete less its wait for the device, queue the hand-out) and gives the engine's
+`host_us_per_step` (what bench.latency reports); during the third, cProfile records the engine
+thread inside its launch and completion methods (`Engine._launch_multi`, `_launch_rows`,
+`_complete`), and each multi-step graph replay's host time is taken alone. Prints those figures and
+the profile's top functions by own and by cumulative time.
 
 cProfile slows Python several-fold and times wall clock: a function that releases the GIL (an
 event wait, a numpy fill) and gets it back late, because the output thread holds it, is charged for
@@ -24,6 +26,40 @@ from typing import Any
 from sgjit.bench.report import add_model_args, model_arg
 
 ENGINE_METHODS = ("_launch_multi", "_launch_rows", "_complete")
+# (part of the engine, method): the phases of a multi-step launch, timed in the second generation
+# (`_launch_multi` holds the three after it)
+PHASES = (
+    ("engine", "_launch_multi"), ("scheduler", "schedule_decode_ahead"), ("graphs", "_load"),
+    ("graphs", "_execute"), ("engine", "_complete"), ("output", "deliver"),
+)  # fmt: skip
+
+
+def _time_phases(rt, seconds: dict[str, float]) -> None:
+    """Wrap the PHASES methods of `rt`'s engine to add their wall time to `seconds` (`_complete` less
+    its wait for the device)."""
+    engine = rt.engine
+    parts = {
+        "engine": engine,
+        "scheduler": engine.scheduler,
+        "graphs": engine.runner.graphs,
+        "output": engine.output,
+    }
+    for part, name in PHASES:
+        obj = parts[part]
+        if obj is None:
+            continue
+        key, method = f"{part}.{name}", getattr(obj, name)
+        seconds.setdefault(key, 0.0)
+
+        def timed(*args: Any, _method=method, _key=key, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                waited = args[0].readback.wait_seconds if _key == "engine._complete" else 0.0
+                seconds[_key] += time.perf_counter() - t - waited
+
+        setattr(obj, name, timed)
 
 
 def _profile_engine(rt, prof: cProfile.Profile) -> None:
@@ -70,17 +106,21 @@ def run_one(
         prompts = [[100 + i] * input_len for i in range(bs)]
         params = {"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True}
         rt.generate(input_ids=prompts, sampling_params=params)  # warm: compile, capture
+        phases: dict[str, float] = {}
+        _time_phases(rt, phases)
+        before = rt.stats()
+        rt.generate(input_ids=prompts, sampling_params=params)
+        after, timed = rt.stats(), dict(phases)
         prof, replays = cProfile.Profile(), []
         _profile_engine(rt, prof)
         _time_replays(rt, replays)
-        before = rt.stats()
         rt.generate(input_ids=prompts, sampling_params=params)
-        after = rt.stats()
     finally:
         rt.shutdown()
     launches = after["multi_step_launches"] - before["multi_step_launches"]
     steps = launches * rt.config.multi_step
     host = (after["multi_step_host_us"] - before["multi_step_host_us"]) / steps if steps else None
+    per_launch = {k: round(v / launches * 1e6, 1) for k, v in timed.items()} if launches else {}
     replays.sort()
     listing = {}
     for key in ("tottime", "cumulative"):
@@ -88,7 +128,7 @@ def run_one(
         pstats.Stats(prof, stream=s).sort_stats(key).print_stats(top)
         listing[key] = s.getvalue()
     return {
-        "batch": bs, "multi_step_launches": launches, "host_us_per_step": host,
+        "batch": bs, "multi_step_launches": launches, "host_us_per_step": host, "phases_us_per_launch": per_launch,
         "replay_host_us_median": replays[len(replays) // 2] * 1e6 if replays else None,
         "profile_by_own_time": listing["tottime"], "profile_by_cumulative_time": listing["cumulative"],
     }  # fmt: skip
@@ -113,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(
             f"batch {bs}: {row['multi_step_launches']} multi-step launches, host {row['host_us_per_step']} us a "
             f"step, a multi-step replay call {row['replay_host_us_median']} us\n"
+            f"phases, us a launch: {row['phases_us_per_launch']}\n"
             f"{row['profile_by_own_time']}\n{row['profile_by_cumulative_time']}"
         )
     if args.out:

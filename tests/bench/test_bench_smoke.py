@@ -55,11 +55,13 @@ def test_host_profile_on_the_cpu(tmp_path):
     the launch and completion methods are in it, and the host time per step is measured."""
     r = run_bench(
         "host_profile",
-        ["--device", "cpu", "--batch-size", "2", "--input-len", "8", "--output-len", "17", "--top", "400"],
+        ["--device", "cpu", "--batch-size", "2", "--input-len", "8", "--output-len", "9", "--top", "400"],
         tmp_path,
     )
     row = r["rows"][0]
     assert row["multi_step_launches"] >= 1 and row["host_us_per_step"] > 0
+    phases = row["phases_us_per_launch"]
+    assert phases["engine._launch_multi"] >= phases["graphs._load"] > 0 and phases["engine._complete"] > 0
     assert (
         "_launch_multi" in row["profile_by_cumulative_time"]
         and "_complete" in row["profile_by_cumulative_time"]
