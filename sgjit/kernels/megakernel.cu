@@ -20,22 +20,24 @@
 // start a CTA asks L2 to prefetch the next layer's rows it will stream (cp.async.bulk.prefetch on
 // sm_90), so the GEMVs read L2 rather than wait on HBM after each barrier.
 //
-// Barriers: one 64-bit counter in global memory that only ever grows. A CTA adds 1 on arrival and
-// waits until the counter reaches the next multiple of the grid size above the value it saw: every
-// CTA arrives once at every barrier and a launch starts only after the last one ended (one stream), so
-// between launches the counter is a multiple of the grid and barrier i of a launch releases at
-// (e * barriers + i + 1) * grid. Nothing is reset, so a CUDA graph replays the launch as it is
-// (2^64 arrivals outlast any server). Release: every CTA's writes are ordered before its arrival by
-// __syncthreads + __threadfence; acquire: the waiting thread's ld.acquire and __threadfence, then
-// __syncthreads, before any thread reads what other CTAs wrote. Data written in this launch is never
-// read through the non-coherent path (ld.global.nc is only used for weights).
+// Barriers: one 64-bit counter in global memory that only ever grows. Every CTA arrives once at each
+// of a launch's `barriers` barriers and a launch starts only after the last one ended (one stream), so
+// a launch starts with the counter at e * barriers * grid, and a CTA reading it at its start finds e
+// by a floor however late it starts (no barrier of its launch completes without it). Barrier i of the
+// launch releases at (e * barriers + i + 1) * grid. Nothing is reset, so a CUDA graph replays the
+// launch as it is (2^64 arrivals outlast any server). Arrival (`arrive`): __syncthreads, then one
+// thread's red.release (every thread's writes ordered before it, as CUTLASS's barriers do); the wait
+// (`wait`): that thread's ld.acquire poll, then __syncthreads, before any thread reads what other CTAs
+// wrote. Between the two, a CTA issues the L2 prefetches of what comes next (weights, K/V pages):
+// they cost the waiting CTA nothing. Data written in this launch is never read through the
+// non-coherent path (ld.global.nc is only used for weights).
 //
 // Attention: each (row, kv head) is cut into splits of its keys (a static cap from the grid, at least
-// MIN_SPLIT_KEYS keys each), units (row, head, split) handed out grid-strided. A unit's warps take
-// keys in turn, each lane DPL = D / 32 dims, with an online softmax in the exp2 domain; the warps
-// combine through shared memory. A (row, head) of one split writes its output; otherwise each split
-// writes its normalised output and log2-sum-exp to a slot and counts itself in, and the CTA that
-// counts last merges the slots and sets the count back to 0 (so the next layer and launch find 0).
+// MIN_SPLIT_KEYS keys each; the plan is made once a launch, from kv_lens, in shared memory), units
+// (row, head, split) handed out grid-strided. A unit's warps take keys in turn, each lane DPL = D / 32
+// dims, with an online softmax in the exp2 domain; the warps combine through shared memory, and each
+// unit writes its normalised output and log2-sum-exp to its slot. The o_proj phase's prologue merges
+// the slots (the input of every o_proj CTA), so attention ends at its barrier with no atomics.
 #include "gemv.cuh"
 
 namespace {
@@ -61,18 +63,71 @@ __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long lon
   return v;
 }
 
-__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned long long n = gridDim.x;
-    __threadfence();
-    const unsigned long long seen = atomicAdd(counter, 1ull);
-    const unsigned long long target = (seen / n + 1) * n;
-    while (ld_acquire(counter) < target) __nanosleep(32);
-    __threadfence();
-  }
-  __syncthreads();
+}  // namespace
+
+#ifdef SGJIT_MEGA_TRACE
+// The profiling build (python -m sgjit.bench.megakernel_trace), globaltimer ns: per barrier i of a
+// launch, [i][0] the first CTA's arrival, [i][1] the last's, [i][2] when CTA 0 saw the release; slot
+// MEGA_TRACE_SLOTS - 1: [0] the first CTA's start, [1] the last CTA's end. The tool resets it before
+// each launch it reads.
+constexpr int MEGA_TRACE_SLOTS = 1024;
+__device__ unsigned long long mega_trace[MEGA_TRACE_SLOTS][3];
+__device__ __forceinline__ unsigned long long mega_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
+#endif
+
+namespace {
+
+// The launch's grid barriers (see the header comment): a CTA's state, in shared memory so that it
+// takes no registers from the phases, used by thread 0.
+struct GridBarrier {
+  unsigned long long* counter;
+  unsigned long long next;  // the count that releases the next barrier
+#ifdef SGJIT_MEGA_TRACE
+  unsigned long long first;  // the launch's first count
+  __device__ __forceinline__ int index() const { return (int)((next - first) / gridDim.x) - 1; }
+#endif
+
+  __device__ __forceinline__ void init(unsigned long long* c, int barriers) {
+    if (threadIdx.x == 0) {
+      const unsigned long long per_launch = (unsigned long long)barriers * gridDim.x;
+      counter = c;
+      next = ld_acquire(c) / per_launch * per_launch + gridDim.x;
+#ifdef SGJIT_MEGA_TRACE
+      first = next - gridDim.x;
+#endif
+    }
+  }
+  __device__ __forceinline__ void arrive() {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#ifdef SGJIT_MEGA_TRACE
+      const int i = min(index(), MEGA_TRACE_SLOTS - 2);
+      const unsigned long long t = mega_now();
+      atomicMin(&mega_trace[i][0], t);
+      atomicMax(&mega_trace[i][1], t);
+#endif
+      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(counter) : "memory");
+    }
+  }
+  __device__ __forceinline__ void wait() {
+    if (threadIdx.x == 0) {
+      while (ld_acquire(counter) < next) __nanosleep(32);
+#ifdef SGJIT_MEGA_TRACE
+      if (blockIdx.x == 0) mega_trace[min(index(), MEGA_TRACE_SLOTS - 2)][2] = mega_now();
+#endif
+      next += gridDim.x;
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void sync() {
+    arrive();
+    wait();
+  }
+};
 
 // Ask L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) at p.
 __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
@@ -83,25 +138,46 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 #endif
 }
 
-// The weight rows this CTA's channel groups of a GEMV phase stream (the phase's grid-strided groups).
-template <int CPB, class Epi, typename W> __device__ __forceinline__ void prefetch_rows(const Epi& epi, const W* w, int k) {
-  const int groups = epi.groups(CPB);
-  for (int i = threadIdx.x;; i += blockDim.x) {
-    const int g = blockIdx.x + (i / CPB) * gridDim.x;
-    if (g >= groups) break;
-    const int row = epi.weight_row(g, i % CPB, CPB);
-    if (row >= 0) prefetch_l2(w + (i64)row * k, k * (int)sizeof(W));
-  }
+// Ask L2 for this CTA's share of a weight matrix: one 1/grid byte slice of it, whoever streams those
+// rows (L2 is the device's). One warp asks (one bulk prefetch on sm_90, its lanes' lines below), so
+// a layer costs a CTA next to nothing; prefetching each CTA's own rows from every thread cost ~2.5 us
+// of the CTA's time a layer (H100).
+__device__ __forceinline__ void prefetch_share(const void* w, i64 bytes) {
+  const i64 share = (bytes / gridDim.x + 15) / 16 * 16, begin = share * blockIdx.x;
+  const i64 n = min(share, bytes - begin);
+  if (n <= 0) return;
+  const char* p = (const char*)w + begin;
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x % 32 == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((int)n) : "memory");
+#else
+  for (i64 off = (threadIdx.x % 32) * 128; off < n; off += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+#endif
 }
 
-// One GEMV of the step: this CTA's channel groups, the first one preparing the input rows.
+// One GEMV of the step: this CTA's channel groups, the first one preparing the input rows. `tile`:
+// ROWS x WARPS x max(NPW, WIDE_NPW) floats.
 template <typename T, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi>
-__device__ __forceinline__ void gemv_phase(X& xin, const T* w, const T* bias, int m, int k, const Epi& epi,
-                                           float* red, float (*tile)[WARPS * NPW]) {
+__device__ __forceinline__ void gemv_groups(X& xin, const T* w, const T* bias, int m, int k, const Epi& epi,
+                                            float* red, float* tile) {
   const int groups = epi.groups(WARPS * NPW);
   for (int g = blockIdx.x; g < groups; g += gridDim.x)
     gemv_group<T, T, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, xin, w, (const float*)nullptr, bias, m, k,
-                                               epi, red, tile);
+                                               epi, red, reinterpret_cast<float (*)[WARPS * NPW]>(tile));
+}
+
+// A one-row step's phase with more channel groups than CTAs (gate|up, the LM head) gives each warp
+// two channels instead, so a CTA streams its rows in one round rather than one group after another
+// (a lane's summation order, hence every output's bits, is the same either way).
+template <int ROWS, int NPW> __host__ __device__ constexpr int wide_npw() { return ROWS == 1 && NPW == 1 ? 2 : NPW; }
+
+template <typename T, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi>
+__device__ __forceinline__ void gemv_phase(X& xin, const T* w, const T* bias, int m, int k, const Epi& epi,
+                                           float* red, float* tile) {
+  constexpr int WNPW = wide_npw<ROWS, NPW>();
+  if (WNPW != NPW && epi.groups(WARPS * NPW) > (int)gridDim.x)
+    gemv_groups<T, ROWS, WNPW, UNROLL, WARPS>(xin, w, bias, m, k, epi, red, tile);
+  else
+    gemv_groups<T, ROWS, NPW, UNROLL, WARPS>(xin, w, bias, m, k, epi, red, tile);
 }
 
 // The LM head's epilogue: logits in float32, the linear output rounded to T first (what the layered
@@ -120,29 +196,50 @@ template <typename T> struct EpiLogits {
 
 // ---- attention ----------------------------------------------------------------------------------
 
-// How a step's keys are cut: row r of m has splits[r] pieces of keys[r] keys per kv head, and
-// units (row, head, split) start[r] .. start[r + 1] - 1. Every thread computes the same plan.
+// How a step's keys are cut: row r of m has len[r] keys (at least 1) in splits[r] pieces of keys[r]
+// keys per kv head, and units (row, head, split) start[r] .. start[r + 1] - 1. Made once a launch by
+// thread 0 into shared memory (the kv lengths are the launch's).
 template <int ROWS> struct AttnPlan {
-  int splits[ROWS], keys[ROWS], start[ROWS + 1];
+  int len[ROWS], splits[ROWS], keys[ROWS], start[ROWS + 1];
+
+  __device__ void make(const int* kv_lens, int m, int hkv, int max_splits) {
+    const int cap = max(1, min(max_splits, ((int)gridDim.x + m * hkv - 1) / (m * hkv)));
+    start[0] = 0;
+    for (int r = 0; r < ROWS; ++r) {
+      const int n = r < m ? max(kv_lens[r], 1) : 0;
+      int s = max(1, min(cap, n / MIN_SPLIT_KEYS));
+      const int k = n > 0 ? (n + s - 1) / s : 1;
+      s = n > 0 ? (n + k - 1) / k : 0;  // no empty split
+      len[r] = n;
+      splits[r] = s;
+      keys[r] = k;
+      start[r + 1] = start[r] + hkv * s;
+    }
+  }
+  // Unit u's row, kv head, split and keys [k0, k1).
+  __device__ __forceinline__ void unit(int u, int& r, int& h, int& s, int& k0, int& k1) const {
+    r = 0;
+    while (u >= start[r + 1]) ++r;
+    const int local = u - start[r];
+    h = local / splits[r];
+    s = local % splits[r];
+    k0 = s * keys[r];
+    k1 = min(len[r], k0 + keys[r]);
+  }
 };
 
-template <int ROWS>
-__device__ __forceinline__ AttnPlan<ROWS> attn_plan(const int* kv_lens, int m, int hkv, int max_splits) {
-  AttnPlan<ROWS> p;
-  const int cap = max(1, min(max_splits, ((int)gridDim.x + m * hkv - 1) / (m * hkv)));
-  p.start[0] = 0;
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int len = r < m ? max(kv_lens[r], 1) : 0;
-    int s = max(1, min(cap, len / MIN_SPLIT_KEYS));
-    const int keys = len > 0 ? (len + s - 1) / s : 1;
-    s = len > 0 ? (len + keys - 1) / keys : 0;  // no empty split
-    p.splits[r] = s;
-    p.keys[r] = keys;
-    p.start[r + 1] = p.start[r] + hkv * s;
+// Where units leave their results (the part buffer): per (row, kv head) pair, max_splits slots of
+// [G][D] normalised outputs, then max_splits slots of [G] log2-sum-exps.
+template <int G, int D> struct Slots {
+  float* part;
+  int max_splits;
+  __device__ __forceinline__ float* out(int pair, int s) const {
+    return part + (i64)pair * max_splits * (G * D + G) + s * G * D;
   }
-  return p;
-}
+  __device__ __forceinline__ float* lse(int pair, int s) const {
+    return part + (i64)pair * max_splits * (G * D + G) + (i64)max_splits * G * D + s * G;
+  }
+};
 
 // DPL consecutive elements of T, read through L2 (the pool was written by other CTAs this launch).
 template <typename T, int DPL> __device__ __forceinline__ void load_dims(const T* p, float* f) {
@@ -238,58 +335,75 @@ __device__ __forceinline__ void attn_unit(const T* q, const T* k_cache, const T*
   __syncthreads();
 }
 
-// The attention phase: every unit of this CTA, each written out or merged by the last of its splits.
+// The attention phase: every unit of this CTA, each into its slot.
 template <typename T, int ROWS, int D, int G, int WARPS>
-__device__ __forceinline__ void attention_phase(const T* q, const MegaLayer<T>& layer, const int* kv_lens,
+__device__ __forceinline__ void attention_phase(const T* q, const MegaLayer<T>& layer, const AttnPlan<ROWS>& plan,
                                                 const int* page_table, int pt_stride, int page_size, int m, int hkv,
-                                                float scale_log2, int max_splits, T* out, float* part,
-                                                int* merge_count, float* sm) {
-  const AttnPlan<ROWS> plan = attn_plan<ROWS>(kv_lens, m, hkv, max_splits);
-  const int hq = hkv * G;
-  __shared__ int last;
+                                                float scale_log2, const Slots<G, D>& slots, float* sm) {
   for (int u = blockIdx.x; u < plan.start[m]; u += gridDim.x) {
-    int r = 0;
-    while (u >= plan.start[r + 1]) ++r;
-    const int local = u - plan.start[r], splits = plan.splits[r];
-    const int h = local / splits, s = local % splits;
-    const int len = max(kv_lens[r], 1);
-    const int k0 = s * plan.keys[r], k1 = min(len, k0 + plan.keys[r]);
+    int r, h, s, k0, k1;
+    plan.unit(u, r, h, s, k0, k1);
     attn_unit<T, D, G, WARPS>(q, layer.k_cache, layer.v_cache, page_table + (i64)r * pt_stride, page_size, hkv, r,
                               h, k0, k1, scale_log2, sm);
-    T* dst = out + ((i64)r * hq + h * G) * D;
-    if (splits == 1) {
-      for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) dst[idx] = from_float<T>(sm[idx]);
-      __syncthreads();
-      continue;
-    }
     const int pair = r * hkv + h;
-    float* slot_o = part + ((i64)pair * max_splits) * (G * D + G);  // [max_splits][G * D], then [max_splits][G]
-    float* slot_lse = slot_o + (i64)max_splits * G * D;
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) slot_o[s * G * D + idx] = sm[idx];
-    for (int g = threadIdx.x; g < G; g += blockDim.x) slot_lse[s * G + g] = sm[G * D + g];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(merge_count + pair, 1) == splits - 1;
-    __syncthreads();
-    if (last) {
-      __threadfence();
-      for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int g = idx / D;
-        float m_all = -INFINITY;
-        for (int j = 0; j < splits; ++j) m_all = fmaxf(m_all, __ldcg(slot_lse + j * G + g));
-        float sum = 0.f, acc = 0.f;
-        for (int j = 0; j < splits; ++j) {
-          const float f = exp2f(__ldcg(slot_lse + j * G + g) - m_all);
-          sum += f;
-          acc += f * __ldcg(slot_o + j * G * D + idx);
-        }
-        dst[idx] = from_float<T>(acc / sum);
+    float* out = slots.out(pair, s);
+    float* lse = slots.lse(pair, s);
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) out[idx] = sm[idx];
+    for (int g = threadIdx.x; g < G; g += blockDim.x) lse[g] = sm[G * D + g];
+    __syncthreads();  // sm is the next unit's scratch
+  }
+}
+
+// Ask L2 for the K and V pages this CTA's units of the next attention phase read (a page's slots of
+// every kv head: one contiguous block). Keys never change within a launch but for the step's own,
+// which the q|k|v phase writes through L2 anyway.
+template <typename T, int ROWS>
+__device__ __forceinline__ void prefetch_pages(const AttnPlan<ROWS>& plan, const T* k_cache, const T* v_cache,
+                                               const int* page_table, int pt_stride, int page_size, int m, int hkv,
+                                               int d) {
+  const int page_bytes = page_size * hkv * d * (int)sizeof(T);
+  for (int u = blockIdx.x; u < plan.start[m]; u += gridDim.x) {
+    int r, h, s, k0, k1;
+    plan.unit(u, r, h, s, k0, k1);
+    const int p0 = k0 / page_size, p1 = (k1 - 1) / page_size;
+    for (int p = p0 + (int)threadIdx.x / 2; p <= p1; p += blockDim.x / 2) {
+      const i64 page = __ldcg(page_table + (i64)r * pt_stride + p);
+      prefetch_l2((threadIdx.x % 2 ? v_cache : k_cache) + page * page_size * hkv * d, page_bytes);
+    }
+  }
+}
+
+// o_proj's input: the attention output of every row and query head, merged here from the units'
+// slots (each CTA of the phase merges them all into shared memory `xs` [m][hq * D], rounded to T as
+// the layered attention's output is).
+template <typename T, int ROWS, int D, int G> struct XMergeSplits {
+  static constexpr bool kPrologue = true;
+  const AttnPlan<ROWS>* plan;
+  Slots<G, D> slots;
+  int hkv;
+  T* xs;
+
+  template <int R, int THREADS> __device__ __forceinline__ void prepare(int m, float*) {
+    const int hq = hkv * G, width = hq * D;
+    for (int i = threadIdx.x; i < m * width; i += THREADS) {
+      const int r = i / width, c = i % width, head = c / D, g = head % G, pair = r * hkv + head / G;
+      const int splits = plan->splits[r];
+      // one pass, the running max rescaling the sums, so the slots' loads all fly at once
+      float m_all = -INFINITY, sum = 0.f, acc = 0.f;
+#pragma unroll 8
+      for (int j = 0; j < splits; ++j) {
+        const float lse = __ldcg(slots.lse(pair, j) + g), o = __ldcg(slots.out(pair, j) + g * D + c % D);
+        const float m_new = fmaxf(m_all, lse), shrink = exp2f(m_all - m_new), f = exp2f(lse - m_new);
+        sum = sum * shrink + f;
+        acc = acc * shrink + f * o;
+        m_all = m_new;
       }
-      if (threadIdx.x == 0) atomicExch(merge_count + pair, 0);
+      xs[i] = from_float<T>(acc / sum);
     }
     __syncthreads();
   }
-}
+  __device__ __forceinline__ Vec8<T> load(int r, int e) const { return load8(xs + r * hkv * G * D + e); }
+};
 
 }  // namespace
 
@@ -297,9 +411,8 @@ extern __shared__ float mega_smem[];
 
 // ids, positions, slots [m]: the step's tokens; kv_lens [m] and page_table [m, pt_stride]: the rows'
 // keys (this step's included); rope [max_positions, rot]: the model's cos|sin table. Scratch owned
-// by the launch: h [m, hidden] (the residual stream), cs [m, rot], q [m, hq, D], attn [m, hq * D],
-// act [m, inter], part (attention slots). Owned by the op across launches: merge_count [m * hkv]
-// (zero between launches) and barrier (the monotonic counter).
+// by the launch: h [m, hidden] (the residual stream), cs [m, rot], q [m, hq, D], act [m, inter],
+// part (attention slots). Owned by the op across launches: barrier (the monotonic counter).
 template <typename T, int ROWS, int NPW, int UNROLL, int WARPS, int D, int G>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     decode_megakernel(const i64* __restrict__ ids, const i64* __restrict__ positions, const i64* __restrict__ slots,
@@ -307,62 +420,85 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                       int page_size, const T* __restrict__ embed, const MegaLayer<T>* __restrict__ layers,
                       int num_layers, const T* __restrict__ final_norm, const T* __restrict__ lm_head,
                       const float* __restrict__ rope, int m, int hidden, int inter, int hkv, int rot, int vocab,
-                      float eps, float scale_log2, int max_splits, T* h, float* cs, T* q, T* attn, T* act,
-                      float* part, int* merge_count, float* logits, unsigned long long* barrier) {
+                      float eps, float scale_log2, int max_splits, T* h, float* cs, T* q, T* act, float* part,
+                      float* logits, unsigned long long* barrier) {
   constexpr int CPB = WARPS * NPW;
   __shared__ float red[WARPS * ROWS];
-  __shared__ float tile[ROWS][CPB];
+  __shared__ float tile[ROWS * WARPS * wide_npw<ROWS, NPW>()];
+  __shared__ AttnPlan<ROWS> plan;
   T* xs = reinterpret_cast<T*>(mega_smem);
   const int hq = hkv * G;
+  __shared__ GridBarrier bar;
+  bar.init(barrier, 1 + 5 * num_layers);  // published to the CTA by the first arrival's __syncthreads
 
-  auto prefetch_layer = [&](const MegaLayer<T>& L) {
-    prefetch_rows<CPB>(EpiRopeStoreKV<T, T>{q, L.k_cache, L.v_cache, cs, slots, hq, hkv, D, rot, 1.f, 1.f}, L.qkv,
-                       hidden);
-    prefetch_rows<CPB>(EpiResidual<T>{h, hidden, h, hidden, hidden}, L.o_proj, hq * D);
-    prefetch_rows<CPB>(EpiSiluMul<T>{act, inter, inter}, L.gate_up, hidden);
-    prefetch_rows<CPB>(EpiResidual<T>{h, hidden, h, hidden, hidden}, L.down, inter);
+#ifdef SGJIT_MEGA_TRACE
+  if (threadIdx.x == 0) atomicMin(&mega_trace[MEGA_TRACE_SLOTS - 1][0], mega_now());
+#endif
+  // L2 prefetches of a layer's weight rows this CTA streams, and of its attention's K/V pages
+  auto prefetch_weights = [&](const MegaLayer<T>& L) {
+    if (threadIdx.x / 32 == 1) {  // not warp 0, whose thread 0 waits at the barriers
+      const int bytes = (int)sizeof(T), qkv_rows = (hq + 2 * hkv) * D;
+      prefetch_share(L.qkv, (i64)qkv_rows * hidden * bytes);
+      prefetch_share(L.o_proj, (i64)hidden * hq * D * bytes);
+      prefetch_share(L.gate_up, (i64)2 * inter * hidden * bytes);
+      prefetch_share(L.down, (i64)hidden * inter * bytes);
+    }
+  };
+  auto prefetch_kv = [&](const MegaLayer<T>& L) {
+    prefetch_pages<T, ROWS>(plan, L.k_cache, L.v_cache, page_table, pt_stride, page_size, m, hkv, D);
   };
 
-  // ---- phase 0: the rows' embeddings and rotary rows ----
-  if (num_layers > 0) prefetch_layer(layers[0]);
+  // ---- phase 0: the rows' embeddings and rotary rows, the attention plan ----
+  if (num_layers > 0) prefetch_weights(layers[0]);
+  if (threadIdx.x == 0) plan.make(kv_lens, m, hkv, max_splits);
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x, gthreads = gridDim.x * blockDim.x;
   for (int i = gtid; i < m * hidden / 8; i += gthreads) {
     const int r = i / (hidden / 8), v = i % (hidden / 8);
     store8(h + (i64)r * hidden + v * 8, load8(embed + ids[r] * hidden + v * 8));
   }
   for (int i = gtid; i < m * rot; i += gthreads) cs[i] = rope[positions[i / rot] * rot + i % rot];
-  grid_barrier(barrier);
+  bar.arrive();  // (its __syncthreads publishes the plan to the CTA)
+  if (num_layers > 0) prefetch_kv(layers[0]);
+  bar.wait();
 
   for (int l = 0; l < num_layers; ++l) {
     const MegaLayer<T> L = layers[l];
-    if (l + 1 < num_layers) prefetch_layer(layers[l + 1]);
+    const bool next = l + 1 < num_layers;
 
     XRmsNorm<T> attn_in{h, hidden, L.attn_norm, eps, hidden, xs};
     EpiRopeStoreKV<T, T> rope_kv{q, L.k_cache, L.v_cache, cs, slots, hq, hkv, D, rot, 1.f, 1.f};
     gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(attn_in, L.qkv, L.qkv_bias, m, hidden, rope_kv, red, tile);
-    grid_barrier(barrier);
+    bar.arrive();
+    if (next) prefetch_weights(layers[l + 1]);
+    bar.wait();
 
-    attention_phase<T, ROWS, D, G, WARPS>(q, L, kv_lens, page_table, pt_stride, page_size, m, hkv, scale_log2,
-                                          max_splits, attn, part, merge_count, mega_smem);
-    grid_barrier(barrier);
+    attention_phase<T, ROWS, D, G, WARPS>(q, L, plan, page_table, pt_stride, page_size, m, hkv, scale_log2,
+                                          Slots<G, D>{part, max_splits}, mega_smem);
+    bar.sync();
 
-    XGlobal<T> o_in{attn, (i64)hq * D};
+    XMergeSplits<T, ROWS, D, G> o_in{&plan, Slots<G, D>{part, max_splits}, hkv, xs};
     gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(o_in, L.o_proj, (const T*)nullptr, m, hq * D,
                                             EpiResidual<T>{h, hidden, h, hidden, hidden}, red, tile);
-    grid_barrier(barrier);
+    bar.sync();
 
     XRmsNorm<T> ffn_in{h, hidden, L.ffn_norm, eps, hidden, xs};
     gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(ffn_in, L.gate_up, (const T*)nullptr, m, hidden,
                                             EpiSiluMul<T>{act, inter, inter}, red, tile);
-    grid_barrier(barrier);
+    bar.sync();
 
     XGlobal<T> down_in{act, inter};
     gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(down_in, L.down, (const T*)nullptr, m, inter,
                                             EpiResidual<T>{h, hidden, h, hidden, hidden}, red, tile);
-    grid_barrier(barrier);
+    bar.arrive();
+    if (next) prefetch_kv(layers[l + 1]);
+    bar.wait();
   }
 
   XRmsNorm<T> head_in{h, hidden, final_norm, eps, hidden, xs};
   gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(head_in, lm_head, (const T*)nullptr, m, hidden,
                                           EpiLogits<T>{logits, vocab}, red, tile);
+#ifdef SGJIT_MEGA_TRACE
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(&mega_trace[MEGA_TRACE_SLOTS - 1][1], mega_now());
+#endif
 }

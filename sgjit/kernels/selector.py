@@ -286,11 +286,10 @@ def _megakernel_rows(
         )
     want = min(MEGAKERNEL_ROWS, max(1, workload.max_batch))
     budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)
-    fit = [b for b in MEGAKERNEL_ROW_CHOICES if b <= want and b * shapes.hidden * 2 <= budget]
+    width = max(shapes.hidden, shapes.num_heads * shapes.head_dim)  # a GEMV phase's input row
+    fit = [b for b in MEGAKERNEL_ROW_CHOICES if b <= want and b * width * 2 <= budget]
     if not fit:
-        raise _Unfit(
-            f"one normalised row of {shapes.hidden} does not fit {budget // 1024} KB of shared memory"
-        )
+        raise _Unfit(f"one input row of {width} does not fit {budget // 1024} KB of shared memory")
     return {"rows": fit[-1]}, (
         f"decode steps of <= {fit[-1]} rows in one launch ({layer >> 20} MB layers), larger ones layer by layer"
     )

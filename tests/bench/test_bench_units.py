@@ -63,3 +63,27 @@ def test_serving_roofline_counts_shared_kv_once_a_step():
     info = {"weight_bytes": 1000.0, "kv_bytes_per_token": 1.0}
     assert decode_roofline(info, 1e-9, 8, 100, 1000) == pytest.approx(8 / 2800)
     assert decode_roofline(info, 1e-9, 8, 1100) == pytest.approx(8 / 9800)
+
+
+def test_megakernel_trace_reads_phases_off_the_barrier_stamps():
+    """bench.megakernel_trace: a phase's work runs from the previous barrier's release to the last
+    arrival, its spread from the first arrival to the last, its release from the last arrival to the
+    barrier opening; the LM head from the last release to the kernel's end."""
+    import numpy as np
+
+    from sgjit.bench.megakernel_trace import PHASES, SLOTS, summarize
+
+    layers = 2
+    t = np.zeros((SLOTS, 3), dtype=np.int64)
+    clock = 1_000
+    t[SLOTS - 1, 0] = clock
+    for i in range(1 + 5 * layers):  # phase i: 2 us of work, arrivals 0.5 us apart, 0.3 us to open
+        t[i] = (clock + 1_500, clock + 2_000, clock + 2_300)
+        clock += 2_300
+    t[SLOTS - 1, 1] = clock + 7_000
+    got = summarize([t, t], layers)
+    assert set(got["phases_us"]) == {"embed", *PHASES, "lm_head"}
+    assert got["phases_us"]["down"] == {"work": 2.0, "spread": 0.5, "release": 0.3}
+    assert got["phases_us"]["lm_head"]["work"] == 7.0
+    assert got["layer_us"] == 5 * 2.3
+    assert got["traced_step_us"] == (11 * 2_300 + 7_000) / 1e3

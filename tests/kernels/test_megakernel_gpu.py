@@ -2,8 +2,7 @@
 random weights (random norm weights too): 64 decode steps of 1, 2 and 8 rows whose contexts cross page
 boundaries, teacher-forced on the layered kernels' greedy tokens, against the layered fused kernels
 and a float32 oracle; the first step's KV writes bit for bit the layered ones; CUDA-graph replay bit
-for bit the eager launches, with the barrier counter and merge counts left as the next launch needs
-them. Skipped without a GPU.
+for bit the eager launches, with the barrier counter left as the next launch needs it. Skipped without a GPU.
 
 The megakernel runs the fused ops' GEMV bodies, so its projections round as theirs do; its attention
 is its own (float32 on CUDA cores), so its logits differ from the layered ones by bf16 noise and its
@@ -100,7 +99,7 @@ def test_megakernel_decode_matches_the_layered_kernels(setup, rows):
 
 def test_megakernel_graph_replay_is_the_eager_launch(setup):
     """Decode steps captured in CUDA graphs (DecodeGraphs) give the eager launches' logits bit for bit,
-    step after step, so the barrier and merge state carry over replays as they do over launches."""
+    step after step, so the barrier state carries over replays as they do over launches."""
     from sgjit.runtime.cuda_graph import DecodeGraphs
     from sgjit.runtime.futures import TokenFutures
 
@@ -128,8 +127,9 @@ def test_megakernel_graph_replay_is_the_eager_launch(setup):
         assert torch.equal(got, want)
         tokens = want.argmax(-1).tolist()
     assert graphs.num_graphs == 1 and not ops.decode_megakernel.failed
+    barriers = 1 + 5 * model.config.num_layers  # a launch's
     for inst in ops.decode_megakernel.fn._instances.values():
-        assert inst.barrier.item() % inst.grid == 0 and int(inst.merge_count.abs().sum()) == 0
+        assert inst.barrier.item() % (inst.grid * barriers) == 0
 
 
 def test_megakernel_refuses_what_it_does_not_serve(setup):

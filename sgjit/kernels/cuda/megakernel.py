@@ -2,9 +2,8 @@
 
 One instantiation per rows bucket (1, 2, 4, 8 up to the selector's `rows`), each launched as one wave
 of resident CTAs (the occupancy calculator's count at its shared memory: the grid barriers need every
-CTA on an SM at once) and owning, across launches, its barrier counter and its attention merge
-counts (zeroed once here; the kernel leaves them as a next launch needs them, so a CUDA graph
-replays it as is). Everything else a step needs comes from torch's allocator, as for the other ops.
+CTA on an SM at once) and owning, across launches, its barrier counter (zeroed once here; the
+kernel leaves it as a next launch needs it, so a CUDA graph replays it as is). Everything else a step needs comes from torch's allocator, as for the other ops.
 
 A step the kernel does not take (more rows, a prefill, weights not plain tensors of the model dtype,
 a KV pool of another dtype) returns None and the model runs its layers."""
@@ -32,18 +31,25 @@ LOG2E = 1.0 / math.log(2.0)
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+# The GEMV tiles of the layered kernels, but 8 rows at 2 channels a warp, not 4: the kernel's other
+# phases leave 4 x 8 accumulators no room at 128 registers a thread (spills; tests/kernels/
+# test_kernels_build.py). The tile changes no output's bits (gemv.py: a lane sums in one order).
+MEGA_TILES = {**TILES, 8: (2, 1)}
+
+
 def megakernel_name(dtype: str, rows: int, head_dim: int, group: int) -> str:
     b = bucket(rows)
-    npw, unroll = TILES[b]
+    npw, unroll = MEGA_TILES[b]
     return f"decode_megakernel<{CPP_TYPES[dtype]}, {b}, {npw}, {unroll}, {WARPS}, {head_dim}, {group}>"
 
 
-def smem_bytes(rows: int, hidden: int, head_dim: int, group: int) -> int:
-    """Dynamic shared memory: the normalised rows of a norm phase, or attention's scratch (a unit's
-    result and log2-sum-exp, then every warp's piece and its max and sum), whichever is larger."""
-    norm = bucket(rows) * hidden * 2
+def smem_bytes(rows: int, hidden: int, q_size: int, head_dim: int, group: int) -> int:
+    """Dynamic shared memory: a GEMV phase's input rows (normalised, or o_proj's merged attention
+    output of q_size a row), or attention's scratch (a unit's result and log2-sum-exp, then every
+    warp's piece and its max and sum), whichever is larger."""
+    rows_in = bucket(rows) * max(hidden, q_size) * 2
     attn = 4 * (group * head_dim + group + WARPS * group * head_dim + 2 * WARPS * group)
-    return max(norm, attn)
+    return max(rows_in, attn)
 
 
 class _Instance:
@@ -51,17 +57,21 @@ class _Instance:
 
     def __init__(self, kernel, profile: DeviceProfile, shapes: ModelShapes, rows: int) -> None:
         self.kernel = kernel
-        self.smem = smem_bytes(rows, shapes.hidden, shapes.head_dim, shapes.group)
+        self.smem = smem_bytes(
+            rows, shapes.hidden, shapes.num_heads * shapes.head_dim, shapes.head_dim, shapes.group
+        )
         allow_smem(kernel, self.smem)
         # one wave: every CTA resident at once, or a barrier would wait for a CTA that cannot start
         self.grid = profile.sm_count * resident_blocks(kernel, THREADS, self.smem)
         self.barrier = torch.zeros(1, dtype=torch.int64, device="cuda")
-        self.merge_count = torch.zeros(rows * shapes.num_kv_heads, dtype=torch.int32, device="cuda")
 
 
 class DecodeMegakernel:
-    def __init__(self, profile: DeviceProfile, shapes: ModelShapes, rows: int) -> None:
-        """`rows`: the largest step served (a rows bucket); built on the current CUDA device."""
+    def __init__(
+        self, profile: DeviceProfile, shapes: ModelShapes, rows: int, defines: tuple[str, ...] = ()
+    ) -> None:
+        """`rows`: the largest step served (a rows bucket); built on the current CUDA device.
+        `defines`: macros of megakernel.cu (SGJIT_MEGA_TRACE=1: the profiling build)."""
         self.shapes, self.rows = shapes, rows
         self.dtype = _DTYPES[shapes.dtype]
         names = {
@@ -69,7 +79,7 @@ class DecodeMegakernel:
             for b in ROW_BUCKETS
             if b <= rows
         }
-        kernels = compile_kernels("megakernel", sorted(set(names.values())))
+        kernels = compile_kernels("megakernel", sorted(set(names.values())), defines)
         self._instances = {b: _Instance(kernels[n], profile, shapes, b) for b, n in names.items()}
         self._tables: dict[int, tuple[DecodeWeights, tuple[int, ...], torch.Tensor | None]] = {}
 
@@ -142,7 +152,6 @@ class DecodeMegakernel:
         hidden = torch.empty((m, s.hidden), dtype=dt, device=dev)
         cs = torch.empty((m, rot), dtype=torch.float32, device=dev)
         q = torch.empty((m, hq, d), dtype=dt, device=dev)
-        attn = torch.empty((m, hq * d), dtype=dt, device=dev)
         act = torch.empty((m, s.intermediate), dtype=dt, device=dev)
         part = torch.empty((m * hkv * MAX_SPLITS * (g * d + g),), dtype=torch.float32, device=dev)
         logits = torch.empty((m, s.vocab), dtype=torch.float32, device=dev)
@@ -153,8 +162,8 @@ class DecodeMegakernel:
              np.int32(s.page_size), ptr(w.embed), ptr(table), np.int32(len(w.layers)), ptr(w.final_norm),
              ptr(w.lm_head), ptr(w.rope), np.int32(m), np.int32(s.hidden), np.int32(s.intermediate),
              np.int32(hkv), np.int32(rot), np.int32(s.vocab), np.float32(w.eps), np.float32(w.scale * LOG2E),
-             np.int32(MAX_SPLITS), ptr(hidden), ptr(cs), ptr(q), ptr(attn), ptr(act), ptr(part),
-             ptr(inst.merge_count), ptr(logits), ptr(inst.barrier)),
+             np.int32(MAX_SPLITS), ptr(hidden), ptr(cs), ptr(q), ptr(act), ptr(part), ptr(logits),
+             ptr(inst.barrier)),
             smem=inst.smem,
         )  # fmt: skip
         return logits

@@ -72,6 +72,11 @@ def compile_kernels(
     return kernels
 
 
+def compiled_module(family: str, name: str, defines: tuple[str, ...] = ()) -> Any:
+    """The CuPy module compile_kernels built for one instantiation (for its __device__ globals)."""
+    return _modules[(family, name, defines)]
+
+
 def allow_smem(kernel: Any, nbytes: int) -> None:
     """Raise a kernel's dynamic shared memory limit (needed above 48 KB)."""
     if nbytes > 48 * 1024:
