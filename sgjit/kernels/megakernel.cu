@@ -366,9 +366,11 @@ __device__ __forceinline__ void prefetch_pages(const AttnPlan<ROWS>& plan, const
     int r, h, s, k0, k1;
     plan.unit(u, r, h, s, k0, k1);
     const int p0 = k0 / page_size, p1 = (k1 - 1) / page_size;
-    for (int p = p0 + (int)threadIdx.x / 2; p <= p1; p += blockDim.x / 2) {
+    // warps 1.. only: thread 0 waits at the barrier meanwhile, not behind the page-table load
+    const int t = (int)threadIdx.x - 32, nt = (int)blockDim.x - 32;
+    for (int p = p0 + t / 2; t >= 0 && p <= p1; p += nt / 2) {
       const i64 page = __ldcg(page_table + (i64)r * pt_stride + p);
-      prefetch_l2((threadIdx.x % 2 ? v_cache : k_cache) + page * page_size * hkv * d, page_bytes);
+      prefetch_l2((t % 2 ? v_cache : k_cache) + page * page_size * hkv * d, page_bytes);
     }
   }
 }
@@ -434,7 +436,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #ifdef SGJIT_MEGA_TRACE
   if (threadIdx.x == 0) atomicMin(&mega_trace[MEGA_TRACE_SLOTS - 1][0], mega_now());
 #endif
-  // L2 prefetches of a layer's weight rows this CTA streams, and of its attention's K/V pages
+  // L2 prefetches of a layer's weight matrices and of its attention's K/V pages (prefetching the
+  // norm weights too measured no faster: bench.megakernel_trace, H100)
   auto prefetch_weights = [&](const MegaLayer<T>& L) {
     if (threadIdx.x / 32 == 1) {  // not warp 0, whose thread 0 waits at the barriers
       const int bytes = (int)sizeof(T), qkv_rows = (hq + 2 * hkv) * D;
