@@ -165,15 +165,16 @@ __device__ __forceinline__ void gemv_groups(X& xin, const T* w, const T* bias, i
                                                epi, red, reinterpret_cast<float (*)[WARPS * NPW]>(tile));
 }
 
-// A one-row step's phase with more channel groups than CTAs (gate|up, the LM head) gives each warp
-// two channels instead, so a CTA streams its rows in one round rather than one group after another
-// (a lane's summation order, hence every output's bits, is the same either way).
+// A one-row step's phase with more channel groups than CTAs (gate|up, the LM head: WIDE) gives each
+// warp two channels instead, so a CTA streams its rows in one round rather than one group after
+// another (a lane's summation order, hence every output's bits, is the same either way). Only those
+// phases get the second instantiation: each doubles the phase's compile time.
 template <int ROWS, int NPW> __host__ __device__ constexpr int wide_npw() { return ROWS == 1 && NPW == 1 ? 2 : NPW; }
 
-template <typename T, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi>
+template <typename T, int ROWS, int NPW, int UNROLL, int WARPS, bool WIDE = false, class X, class Epi>
 __device__ __forceinline__ void gemv_phase(X& xin, const T* w, const T* bias, int m, int k, const Epi& epi,
                                            float* red, float* tile) {
-  constexpr int WNPW = wide_npw<ROWS, NPW>();
+  constexpr int WNPW = WIDE ? wide_npw<ROWS, NPW>() : NPW;
   if (WNPW != NPW && epi.groups(WARPS * NPW) > (int)gridDim.x)
     gemv_groups<T, ROWS, WNPW, UNROLL, WARPS>(xin, w, bias, m, k, epi, red, tile);
   else
@@ -485,7 +486,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     bar.sync();
 
     XRmsNorm<T> ffn_in{h, hidden, L.ffn_norm, eps, hidden, xs};
-    gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(ffn_in, L.gate_up, (const T*)nullptr, m, hidden,
+    gemv_phase<T, ROWS, NPW, UNROLL, WARPS, true>(ffn_in, L.gate_up, (const T*)nullptr, m, hidden,
                                             EpiSiluMul<T>{act, inter, inter}, red, tile);
     bar.sync();
 
@@ -498,7 +499,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   }
 
   XRmsNorm<T> head_in{h, hidden, final_norm, eps, hidden, xs};
-  gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(head_in, lm_head, (const T*)nullptr, m, hidden,
+  gemv_phase<T, ROWS, NPW, UNROLL, WARPS, true>(head_in, lm_head, (const T*)nullptr, m, hidden,
                                           EpiLogits<T>{logits, vocab}, red, tile);
 #ifdef SGJIT_MEGA_TRACE
   __syncthreads();
