@@ -137,6 +137,31 @@ DecodeMegakernel = Callable[
     [DecodeWeights, torch.Tensor, torch.Tensor, torch.Tensor, list[LayerKV], AttentionMetadata],
     "torch.Tensor | None",
 ]
+
+
+@dataclass(slots=True)
+class DecodeAhead:
+    """The per-row state a multi-step decode graph moves on from step to step (its first B rows),
+    as views of the graph's static buffers."""
+
+    input_ids: torch.Tensor  # int64 [B]: the next step's input token
+    positions: torch.Tensor  # int64 [B]: its position
+    slots: torch.Tensor  # int64 [B]: the KV slot it writes
+    kv_lens: torch.Tensor  # int32 [B]: keys the next step attends over (its own included)
+    page_table: torch.Tensor  # int32 [B, W]: each row's pages
+    budgets: torch.Tensor  # int64 [B]: steps the row takes in this launch
+    stop_on_eos: torch.Tensor  # int64 [B]: nonzero where the row ends at an EOS token
+    done: torch.Tensor  # bool [B]: the row has ended (its later steps write the scratch slot)
+    eos: torch.Tensor  # int64 [n]: the EOS token ids
+    page_size: int
+    scratch_slot: int
+
+
+# (state, tokens int64 [B] drawn at step k, k, out int64 [B]) -> None: out = tokens; a row is done
+# once a token of it is an EOS it stops at or step k + 1 reaches its budget; the next step's input is
+# the token, at the next position (kv_lens + 1), written to that position's slot in the row's pages
+# (the scratch slot once done)
+AdvanceDecode = Callable[[DecodeAhead, torch.Tensor, int, torch.Tensor], None]
 # (logits [B,V] float32, bitmask int32 [B, ceil(V/32)]) -> None; bit v of row b clear => logits[b, v] = -inf
 ApplyBitmask = Callable[[torch.Tensor, torch.Tensor], None]
 # (logits [B,V] float32, params, generator) -> token ids int64 [B]
@@ -155,6 +180,7 @@ class OpTable:
     moe_experts: MoeExperts
     apply_bitmask: ApplyBitmask
     sample: Sample
+    advance_decode: AdvanceDecode
     rmsnorm_linear: RMSNormLinear
     rmsnorm_qkv_rope: RMSNormQKVRope
     rmsnorm_gate_up_silu: RMSNormGateUpSilu

@@ -13,6 +13,7 @@ from sgjit.kernels import fp8
 from sgjit.kernels.fp8 import Fp8Weight
 from sgjit.kernels.ops import (
     AttentionMetadata,
+    DecodeAhead,
     LayerKV,
     Linear,
     OpTable,
@@ -279,9 +280,22 @@ def sample(
     return torch.where(st.temperature <= 0, greedy, sampled)
 
 
+def advance_decode(st: DecodeAhead, tokens: torch.Tensor, step: int, out: torch.Tensor) -> None:
+    out.copy_(tokens)
+    at_eos = (tokens[:, None] == st.eos[None, :]).any(dim=-1) & (st.stop_on_eos != 0)
+    st.done.copy_(st.done | at_eos | (st.budgets <= step + 1))
+    st.input_ids.copy_(tokens)
+    st.positions.add_(1)
+    st.kv_lens.add_(1)
+    ps = st.page_size
+    col = (st.positions // ps).clamp_max(st.page_table.shape[1] - 1)
+    page = st.page_table.gather(1, col[:, None])[:, 0].to(torch.int64)
+    st.slots.copy_(torch.where(st.done, st.scratch_slot, page * ps + st.positions % ps))
+
+
 REFERENCE_OPS = OpTable(
     rmsnorm=rmsnorm, add_rmsnorm=add_rmsnorm, rope_store_kv=rope_store_kv, attention=attention, silu_mul=silu_mul,
     linear=linear, prepare_weight=prepare_weight, moe_experts=moe_experts, apply_bitmask=apply_bitmask,
-    sample=sample, rmsnorm_linear=rmsnorm_linear, rmsnorm_qkv_rope=rmsnorm_qkv_rope,
+    sample=sample, advance_decode=advance_decode, rmsnorm_linear=rmsnorm_linear, rmsnorm_qkv_rope=rmsnorm_qkv_rope,
     rmsnorm_gate_up_silu=rmsnorm_gate_up_silu, linear_residual=linear_residual,
 )  # fmt: skip

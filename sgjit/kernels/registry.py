@@ -366,6 +366,7 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     ),  # fmt: skip
     "apply_bitmask": _sampling_op("apply_bitmask", "one pass over the logits, in place"),
     "sample": _sampling_op("sample", "radix-select thresholds + Philox exponential race, one block per row"),
+    "advance_decode": _sampling_op("advance_decode", "a multi-step graph's bookkeeping, one thread a row"),
     **{
         op: (Variant(op, CUDA, "gemv", (8, 0), kv_dtypes=kv, tunables={"rows": FUSED_ROW_CHOICES}, doc=doc),
              _reference(op))

@@ -325,3 +325,28 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     out[b] = (i64)(~(u32)win);
   }
 }
+
+// A multi-step decode graph's bookkeeping after step `step` drew `tokens` (ops.AdvanceDecode), one
+// thread a row: the token out and fed back, the row done at an EOS it stops at or at its budget,
+// its position and key count one on, and the slot the next step writes (the scratch slot once done).
+__global__ void __launch_bounds__(128)
+    advance_decode_kernel(const i64* __restrict__ tokens, int step, i64* __restrict__ out, i64* __restrict__ input_ids,
+                          i64* __restrict__ positions, i64* __restrict__ slots, int* __restrict__ kv_lens,
+                          const int* __restrict__ page_table, i64 table_stride, int table_width,
+                          const i64* __restrict__ budgets, const i64* __restrict__ stop_on_eos, bool* __restrict__ done,
+                          const i64* __restrict__ eos, int n_eos, int page_size, i64 scratch_slot, int rows) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= rows) return;
+  const i64 t = tokens[i];
+  out[i] = t;
+  bool end = done[i] || budgets[i] <= step + 1;
+  if (stop_on_eos[i] != 0)
+    for (int e = 0; e < n_eos; ++e) end = end || t == eos[e];
+  done[i] = end;
+  input_ids[i] = t;
+  const i64 pos = positions[i] + 1;
+  positions[i] = pos;
+  kv_lens[i] += 1;
+  const i64 col = min(pos / page_size, (i64)table_width - 1);
+  slots[i] = end ? scratch_slot : (i64)page_table[i * table_stride + col] * page_size + pos % page_size;
+}

@@ -36,9 +36,9 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
 
     if ks[op].variant == GROUPED_MM:
         return {op: moe_experts_grouped}
-    if op in ("sample", "apply_bitmask"):  # logits are float32 whatever the model dtype
+    if op in ("sample", "apply_bitmask", "advance_decode"):  # logits are float32 whatever the model dtype
         k = sampling.Sampling(profile.sm_count)
-        return {"sample": k.sample, "apply_bitmask": k.apply_bitmask}
+        return {"sample": k.sample, "apply_bitmask": k.apply_bitmask, "advance_decode": k.advance_decode}
     dtype = _DTYPES[shapes.dtype]
     if op in ("rmsnorm", "add_rmsnorm"):
         widths = (shapes.hidden, shapes.head_dim) if shapes.qk_norm else (shapes.hidden,)

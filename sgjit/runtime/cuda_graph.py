@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from sgjit.kernels import reference
-from sgjit.kernels.ops import AttentionMetadata, SamplingTensors
+from sgjit.kernels.ops import AttentionMetadata, DecodeAhead, SamplingTensors
 from sgjit.runtime.forward_batch import ForwardBatch
 from sgjit.runtime.futures import TokenFutures
 from sgjit.runtime.kv_pool import SCRATCH_PAGE, PagedKVPool
@@ -218,10 +218,12 @@ class DecodeGraphs:
             self.logits[:bs].copy_(self.model.forward(batch, layers))
             return
         ps = self.pool.page_size
-        stop_on_eos = b.scalars[8, :bs] != 0
-        table = b.page_table[:bs]
-        positions, kv_lens, slots = b.positions[:bs], b.kv_lens[:bs], b.slots[:bs]
-        done = torch.zeros(bs, dtype=torch.bool, device=self.device)
+        state = DecodeAhead(
+            input_ids=b.input_ids[:bs], positions=b.positions[:bs], slots=b.slots[:bs], kv_lens=b.kv_lens[:bs],
+            page_table=b.page_table[:bs], budgets=b.budgets[:bs], stop_on_eos=b.scalars[8, :bs],
+            done=torch.zeros(bs, dtype=torch.bool, device=self.device), eos=self.eos, page_size=ps,
+            scratch_slot=SCRATCH_PAGE * ps,
+        )  # fmt: skip
         for k in range(steps):
             logits = self.model.forward(batch, layers)
             nxt = self.model.ops.sample(
@@ -230,14 +232,7 @@ class DecodeGraphs:
             nxt = self.model.comm.from_leader(nxt)  # tensor parallel: every rank feeds back rank 0's tokens
             if sampled:
                 b.scalars[7, :bs].add_(1)
-            self.out_tokens[k, :bs].copy_(nxt)
-            at_eos = (nxt[:, None] == self.eos[None, :]).any(dim=-1) & stop_on_eos
-            done = done | at_eos | (b.budgets[:bs] <= k + 1)
-            b.input_ids[:bs].copy_(nxt)
-            positions.add_(1)
-            kv_lens.add_(1)
-            page = table.gather(1, (positions // ps).clamp_max(table.shape[1] - 1)[:, None])[:, 0]
-            slots.copy_(torch.where(done, SCRATCH_PAGE * ps, page.to(torch.int64) * ps + positions % ps))
+            self.model.ops.advance_decode(state, nxt, k, self.out_tokens[k, :bs])
 
     def _capture(self, bs: int, ctx: int, steps: int, sampled: bool) -> torch.cuda.CUDAGraph:
         t0 = time.perf_counter()

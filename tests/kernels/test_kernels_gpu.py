@@ -342,6 +342,45 @@ def test_apply_bitmask(sampling):
         assert torch.equal(mine, ref)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 130])
+def test_advance_decode_matches_the_reference(sampling, rows):
+    """A multi-step graph's bookkeeping kernel against the reference ops over several steps: tokens
+    out and fed back, rows ending at an EOS they stop at or at their budget, positions crossing page
+    boundaries and the table's last column, done rows sent to the scratch slot."""
+    from sgjit.kernels.ops import DecodeAhead
+
+    g = torch.Generator(device=DEV).manual_seed(rows)
+    page, width = 16, 6
+
+    def state() -> DecodeAhead:
+        gen = torch.Generator(device=DEV).manual_seed(7)
+
+        def ints(lo: int, hi: int, dt: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.randint(lo, hi, (rows,), generator=gen, device=DEV, dtype=dt)
+
+        positions = ints(0, page * width + 8)  # some past the table's last column
+        return DecodeAhead(
+            input_ids=ints(0, 1000), positions=positions, slots=ints(0, 100),
+            kv_lens=(positions + 1).int(), page_table=torch.randint(1, 500, (rows, width), generator=gen,
+            device=DEV, dtype=torch.int32), budgets=ints(1, 6), stop_on_eos=ints(0, 2),
+            done=ints(0, 2).bool() & (ints(0, 4) == 0), eos=torch.tensor([3, 11], device=DEV), page_size=page,
+            scratch_slot=0,
+        )  # fmt: skip
+
+    mine, ref = state(), state()
+    for k in range(6):
+        tokens = torch.randint(0, 14, (rows,), generator=g, device=DEV)  # EOS ids drawn often
+        out_m, out_r = torch.empty_like(tokens), torch.empty_like(tokens)
+        sampling.advance_decode(mine, tokens, k, out_m)
+        reference.advance_decode(ref, tokens, k, out_r)
+        assert torch.equal(out_m, out_r)
+        for name in ("input_ids", "positions", "slots", "kv_lens", "done"):
+            assert torch.equal(getattr(mine, name), getattr(ref, name)), (name, k)
+        if k == 0 and rows > 100:  # rows end at different steps
+            assert bool(ref.done.any()) and not bool(ref.done.all())
+    assert bool(ref.done.all())  # every budget (at most 5) is spent by the sixth step
+
+
 def test_greedy_matches_argmax(sampling):
     logits = torch.randn(256, 128256, device=DEV)
     logits[3, 7] = logits[3, 9] = logits[3].max() + 1  # a tie: the first index wins, as in torch

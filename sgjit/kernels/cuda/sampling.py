@@ -9,20 +9,23 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.cuda.module import compile_kernels, launch, ptr
-from sgjit.kernels.ops import SamplingTensors
+from sgjit.kernels.ops import DecodeAhead, SamplingTensors
 
 SAMPLE_THREADS = 512  # sampling.cu SAMPLE_THREADS
 BITMASK_BLOCK = 256
 ARGMAX_THREADS = 256  # sampling.cu ARGMAX_THREADS
 ARGMAX_BLOCKS_PER_SM = 8  # resident 256-thread blocks an SM holds: enough loads in flight
 ARGMAX_MIN_CHUNK = 4 * 4 * ARGMAX_THREADS  # columns a block takes at least: four float4 per thread
-SAMPLING_NAMES = ("sample_kernel", "apply_bitmask_kernel", "argmax_kernel")
+ADVANCE_THREADS = 128
+SAMPLING_NAMES = ("sample_kernel", "apply_bitmask_kernel", "argmax_kernel", "advance_decode_kernel")
 
 
 class Sampling:
     def __init__(self, sm_count: int) -> None:
         kernels = compile_kernels("sampling", list(SAMPLING_NAMES))
-        self.sample_kernel, self.bitmask_kernel, self.argmax_kernel = (kernels[n] for n in SAMPLING_NAMES)
+        self.sample_kernel, self.bitmask_kernel, self.argmax_kernel, self.advance_kernel = (
+            kernels[n] for n in SAMPLING_NAMES
+        )
         self.sm_count = sm_count
         # argmax_kernel's per-row scratch (keys, arrival counts): zeroed once, reset by the kernel
         # itself. Outgrown buffers are kept, since a captured CUDA graph may still point at them.
@@ -83,6 +86,37 @@ class Sampling:
              ptr(keys), ptr(arrived), ptr(out)),
         )  # fmt: skip
         return out
+
+    def advance_decode(self, st: DecodeAhead, tokens: torch.Tensor, step: int, out: torch.Tensor) -> None:
+        """The reference's ~20 small torch kernels a step as one launch (2-3 us each inside a graph)."""
+        rows = tokens.shape[0]
+        vectors = (
+            tokens,
+            out,
+            st.input_ids,
+            st.positions,
+            st.slots,
+            st.kv_lens,
+            st.budgets,
+            st.stop_on_eos,
+            st.done,
+        )
+        if (
+            not tokens.is_cuda or st.page_table.stride(-1) != 1 or st.eos.stride(-1) != 1
+            or any(t.stride(-1) != 1 or t.shape[0] != rows for t in vectors)
+            or tokens.dtype != torch.int64 or st.kv_lens.dtype != torch.int32 or st.done.dtype != torch.bool
+        ):  # fmt: skip
+            return reference.advance_decode(st, tokens, step, out)
+        if rows == 0:
+            return None
+        launch(
+            self.advance_kernel, (-(-rows // ADVANCE_THREADS),), ADVANCE_THREADS,
+            (ptr(tokens), np.int32(step), ptr(out), ptr(st.input_ids), ptr(st.positions), ptr(st.slots),
+             ptr(st.kv_lens), ptr(st.page_table), np.int64(st.page_table.stride(0)), np.int32(st.page_table.shape[1]),
+             ptr(st.budgets), ptr(st.stop_on_eos), ptr(st.done), ptr(st.eos), np.int32(st.eos.shape[0]),
+             np.int32(st.page_size), np.int64(st.scratch_slot), np.int32(rows)),
+        )  # fmt: skip
+        return None
 
     def _scratch(self, dev: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, arrived = self._argmax_scratch.get(dev, (None, None))
