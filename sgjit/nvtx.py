@@ -24,15 +24,20 @@ def reset_nvtx() -> None:
     set_nvtx(os.environ.get("SGJIT_NVTX", "0") == "1")
 
 
-@contextlib.contextmanager
-def nvtx_range(name: str | Callable[[], str]) -> Iterator[None]:
+_OFF = contextlib.nullcontext()
+
+
+def nvtx_range(name: str | Callable[[], str]) -> contextlib.AbstractContextManager[None]:
     """An NVTX range on a GPU, and the same range in a torch.profiler trace (a `user_annotation` on
     the host, and on a GPU a `gpu_user_annotation` over the kernels it launched), so
     `sgjit.bench.trace_summary` can split a trace by engine step. `name` may be a function, called only
-    while ranges are on (for names that cost a loop)."""
-    if not _nvtx_on:
-        yield
-        return
+    while ranges are on (for names that cost a loop or a format). Off, one shared no-op context: the
+    engine opens a range at every launch."""
+    return _range(name) if _nvtx_on else _OFF
+
+
+@contextlib.contextmanager
+def _range(name: str | Callable[[], str]) -> Iterator[None]:
     if callable(name):
         name = name()
     cuda = torch.cuda.is_available()

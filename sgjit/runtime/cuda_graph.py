@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from sgjit.kernels import reference
@@ -35,6 +36,7 @@ from sgjit.runtime.transfer import copy_async
 log = logging.getLogger(__name__)
 
 MIN_CONTEXT_BUCKET = 512
+_NO_PAGES: list[int] = []  # a padding row's pages (never appended to)
 
 
 def batch_buckets(max_bs: int) -> list[int]:
@@ -45,11 +47,43 @@ def batch_buckets(max_bs: int) -> list[int]:
 
 @dataclass(slots=True)
 class _HostTwins:
-    """Pinned host copies of the static inputs, so a step's inputs go over in a few copies."""
+    """Pinned host copies of the static inputs, so a step's inputs go over in a few copies. Loads
+    write them through numpy views made once (`.numpy()` costs microseconds a call)."""
 
     scalars: torch.Tensor
     fscalars: torch.Tensor
-    table: torch.Tensor
+    table: torch.Tensor  # int32 [max_bs, pages]: a load sends its [bs, used width] corner
+    # Row i of `table` holds the first `table_lens[i]` pages of the list `table_pages[i]`, then the
+    # scratch page. A request's page list only grows while it runs (Request.pages), so a load
+    # writes only the pages a row gained since these twins last held it (one every page_size
+    # tokens): refilling every row was most of a load's host time at large batches.
+    table_pages: list[list[int]] = field(init=False)
+    table_lens: list[int] = field(init=False)
+    scalars_np: np.ndarray = field(init=False)
+    fscalars_np: np.ndarray = field(init=False)
+    table_np: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.table_pages, self.table_lens = [_NO_PAGES] * self.table.shape[0], [0] * self.table.shape[0]
+        self.scalars_np, self.fscalars_np = self.scalars.numpy(), self.fscalars.numpy()
+        self.table_np = self.table.numpy()
+
+    def fill_table(self, page_rows: list[list[int]], bs: int) -> None:
+        """Rows [0, n) of `table` to `page_rows` (cut to its width), rows [n, bs) to the scratch page."""
+        t = self.table_np
+        cols = t.shape[1]
+        held, lens = self.table_pages, self.table_lens
+        n = len(page_rows)
+        for i in range(bs):
+            pages = page_rows[i] if i < n else _NO_PAGES
+            k, old = min(len(pages), cols), lens[i]
+            if held[i] is not pages or old > k:  # another list: the whole row
+                t[i, :k] = pages if k == len(pages) else pages[:k]
+                if old > k:
+                    t[i, k:old] = SCRATCH_PAGE
+            elif old < k:  # the list this row held, grown since: its new pages
+                t[i, old:k] = pages[old:k]
+            held[i], lens[i] = pages, k
 
 
 @dataclass(slots=True)
@@ -177,7 +211,7 @@ class DecodeGraphs:
                 return _HostTwins(
                     scalars=torch.zeros(9, n, dtype=torch.int64, **pinned),
                     fscalars=torch.zeros(3, n, dtype=torch.float32, **pinned),
-                    table=torch.zeros(n * pages, dtype=torch.int32, **pinned),  # [bs, used width] a load
+                    table=torch.full((n, pages), SCRATCH_PAGE, dtype=torch.int32, **pinned),
                 )
 
             self._buffers[ctx] = _Buffers(
@@ -310,10 +344,11 @@ class DecodeGraphs:
         b = self._buffers_for(ctx)
         host = b.host[self._parity]
         self._parity ^= 1
-        h = host.scalars.numpy()
-        h[:, n:bs] = 0
-        h[2, n:bs] = SCRATCH_PAGE * self.pool.page_size
-        h[3, n:bs] = 1
+        h = host.scalars_np
+        if n < bs:  # padding rows
+            h[:, n:bs] = 0
+            h[2, n:bs] = SCRATCH_PAGE * self.pool.page_size
+            h[3, n:bs] = 1
         h[0, :n] = tokens
         h[1, :n] = positions
         h[2, :n] = slots
@@ -324,21 +359,16 @@ class DecodeGraphs:
         if sampling is not None:
             h[5, :n], h[6, :n], h[7, :n] = sampling.top_k, sampling.seeds, sampling.steps
             h[6, n:bs] = -1
-            f = host.fscalars.numpy()
+            f = host.fscalars_np
             f[:, n:bs] = ((0.0,), (1.0,), (0.0,))  # padding rows: greedy
             f[0, :n], f[1, :n], f[2, :n] = sampling.temperature, sampling.top_p, sampling.min_p
             copy_async(b.fscalars[:, :bs], host.fscalars[:, :bs])
         # Only the columns some row uses go over (a whole-context bound can be thousands of pages
         # wide); a row never reads past its own pages, which its kv length and reserved budget cover.
         width = min(max(map(len, page_rows)), b.page_table.shape[1])
-        table = host.table[: bs * width].view(bs, width)
-        t = table.numpy()
-        t[:] = SCRATCH_PAGE
-        for i, pages in enumerate(page_rows):
-            k = min(len(pages), width)
-            t[i, :k] = pages if k == len(pages) else pages[:k]
+        host.fill_table(page_rows, bs)
         copy_async(b.scalars[:, :bs], host.scalars[:, :bs])
-        copy_async(b.page_table[:bs, :width], table)
+        copy_async(b.page_table[:bs, :width], host.table[:bs, :width])
 
     def run(
         self, tokens: list[int], positions: list[int], slots: list[int], page_rows: list[list[int]]

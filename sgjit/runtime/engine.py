@@ -116,6 +116,7 @@ class Engine:
         self.cache: RadixCache = parts.scheduler.cache
         self._inflight: Launch | None = None
         self._host_bound = 0  # unfinished requests whose sampling reads their tokens on the host
+        self._multi_ok: set[Request] = set()  # unfinished requests known to pass `_multi_step_ok`
         self._pinned = PinnedBuffers()  # what launches read back into
 
     # ----- called from any thread -----
@@ -376,28 +377,37 @@ class Engine:
             and not req.return_logprob and not p.has_penalties and req.num_output >= p.min_new_tokens
         )  # fmt: skip
 
+    def _all_multi_step_ok(self, running: list[Request]) -> bool:
+        """`_multi_step_ok` of every running row. A request that passes it passes until it finishes (its
+        parameters stay, and the one condition that changes, the tokens it has drawn, only grows),
+        so each is asked until it passes, not at every launch."""
+        for req in running:
+            if req not in self._multi_ok:
+                if not self._multi_step_ok(req):
+                    return False
+                self._multi_ok.add(req)
+        return True
+
     def _budget(self, req: Request) -> int:
         remaining = min(req.params.max_new_tokens - req.num_output, self.max_model_len - len(req.tokens))
         return max(1, min(self.runner.multi_steps, remaining))
 
     def _launch_multi(self) -> Launch | None:
         running = self.scheduler.running
-        if not running or self.scheduler.waiting or not all(self._multi_step_ok(r) for r in running):
+        if not running or self.scheduler.waiting or not self._all_multi_step_ok(running):
             return None
         t0 = time.perf_counter()
         compute0, capture0 = self.runner.cpu_compute_seconds, self.runner.capture_seconds
-        planned: dict[Request, int] = {}  # each row's budget, as the scheduler reserved pages for it
-        batch = self.scheduler.schedule_decode_ahead(lambda req: planned.setdefault(req, self._budget(req)))
+        batch = self.scheduler.schedule_decode_ahead(self._budget)
         if batch is None:
             return None
-        rows = batch.rows
+        rows, budgets = batch.rows, batch.ahead  # each row's budget, as the scheduler reserved pages for it
         reqs = [r.req for r in rows]
-        budgets = [planned[req] for req in reqs]
         stop_on_eos = [not req.params.ignore_eos for req in reqs]
         try:
             # all greedy (the common case): the graph takes the argmax and needs no sampling rows
             sampling = None if all(req.params.is_greedy for req in reqs) else RowSampling.of(reqs)
-            with nvtx_range(f"multi rows={len(rows)} steps={self.runner.multi_steps}"):
+            with nvtx_range(lambda: f"multi rows={len(rows)} steps={self.runner.multi_steps}"):
                 out = self.runner.forward_multi(rows, budgets, stop_on_eos, sampling, self.sampler.generator)
         except Exception as e:  # noqa: BLE001 - one bad batch must not stop the engine
             raise LaunchFailed(rows, e, multi=True) from e
@@ -431,7 +441,10 @@ class Engine:
         self.output.flush()  # the launches before this one are handed out while it is waited for
         t0 = time.perf_counter()
         host = iter(launch.readback.wait())
-        tokens = next(host).tolist() if launch.sampled else []
+        drawn: list[list[int]] = []  # each sampled row's tokens (a multi-step launch's: a column)
+        if launch.sampled:
+            tokens = next(host).tolist()
+            drawn = [list(column) for column in zip(*tokens)] if launch.multi else [[t] for t in tokens]
         inputs = {
             lp.row: (lp.first_pos, HostLogprobs.read(lp.values, host), lp.with_first)
             for lp in launch.input_logprobs
@@ -439,7 +452,7 @@ class Engine:
         outputs = {j: HostLogprobs.read(lp, host) for j, lp in launch.output_logprobs.items()}
         launch.readback.release()  # everything read back is now in Python values
         sampled = dict(zip(launch.sampled, range(len(launch.sampled))))
-        columns = list(zip(*tokens)) if launch.multi else []  # a multi-step row's tokens: a column
+        generated = 0
         updates: list[TokenUpdate] = []
         ended: list[tuple[Request, FinishReason, Exception | None]] = []
         text_rows: list[tuple[Request, FinishReason | None]] = []
@@ -455,8 +468,9 @@ class Engine:
                 if req.pending == 0 and not req.wants_tokens:
                     ended.append((req, FinishReason.at_length(req.params.max_new_tokens), None))
                 continue
-            base, count = launch.bases[j], launch.counts[j]
-            got = list(columns[j][:count]) if launch.multi else [tokens[j]]
+            base, count, got = launch.bases[j], launch.counts[j], drawn[j]
+            if count < len(got):  # the row's budget ran out before the launch's last step
+                got = got[:count]
             req.tokens[base : base + count] = got
             try:
                 end, reason = first_finish(req, base, got, self.max_model_len)
@@ -467,7 +481,7 @@ class Engine:
             if end is not None:
                 got = got[: end + 1]
                 self._trim(req, base + end)
-            self.counters["generation_tokens_total"] += len(got)
+            generated += len(got)
             if req.first_token_time is None:
                 req.first_token_time = now
             updates.append(TokenUpdate(req, got, reason, inputs.get(b), outputs.get(j)))
@@ -475,6 +489,7 @@ class Engine:
                 text_rows.append((req, reason))
             elif reason is not None:
                 ended.append((req, reason, None))
+        self.counters["generation_tokens_total"] += generated
         self.output.deliver(updates)
         waited = launch.readback.wait_seconds
         if text_rows:
@@ -528,6 +543,7 @@ class Engine:
         self.scheduler.remove(req)
         req.status = Status.FINISHED
         self._host_bound -= req.grammar is not None or req.params.has_penalties
+        self._multi_ok.discard(req)
         with self._count_lock:
             self.unfinished -= 1
         self._by_id.pop(req.rid, None)

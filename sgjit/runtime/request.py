@@ -59,6 +59,8 @@ class Request:
     # --- engine state ---
     # prompt + output; ids of a launch still in flight are negative placeholders (see futures.py)
     tokens: list[int] = field(default_factory=list)
+    # KV pages: only appended to while the request holds them (a release replaces the list), which
+    # lets the decode graphs' page tables keep a row's pages between launches (cuda_graph.py)
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are in `pages`
     cached_tokens: int = 0  # prompt tokens that came from the prefix cache

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sgjit.runtime.kv_pool import PagedKVPool
 from sgjit.runtime.radix_cache import RadixCache
@@ -53,6 +53,7 @@ class RowChunk:
 @dataclass(slots=True)
 class ScheduledBatch:
     rows: list[RowChunk]
+    ahead: list[int] = field(default_factory=list)  # decode-ahead: tokens each row's pages are reserved for
 
     @property
     def num_tokens(self) -> int:
@@ -152,27 +153,23 @@ class Scheduler:
     def schedule_decode_ahead(self, ahead: Callable[[Request], int]) -> ScheduledBatch | None:
         """A pure decode step for multi-step graphs: every running row decodes (rows done but not yet
         read back sit out) and nothing waits. Pages for `ahead(req)` tokens a row are reserved now
-        (evicting cache, never preempting); None when that is not possible, and the caller takes a
-        single step instead."""
+        (evicting cache, never preempting), and the batch's `ahead` lists them; None when that is not
+        possible, and the caller takes a single step instead."""
         if self.waiting or not self.running:
             return None
-        decoding = []
+        decoding, budgets = [], []
         for req in self.running:
-            if req.pending == 0 or self._drawn_last(req):
-                continue
             if req.pending != 1:
-                return None
-            decoding.append(req)
-        if not decoding:
+                if req.pending:
+                    return None  # still reading its prompt
+                continue
+            if not self._drawn_last(req):
+                decoding.append(req)
+                budgets.append(ahead(req))
+        if not decoding or not self._grow_ahead(decoding, budgets):
             return None
-        for req in decoding:
-            upto = req.num_computed + ahead(req)
-            need = self.pool.pages_for(upto) - len(req.pages)
-            if need > 0:
-                if not self._ensure_free(need, req):
-                    return None
-                self._grow(req, upto)
-        return ScheduledBatch([RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in decoding])
+        rows = [RowChunk(r, r.num_computed, r.num_computed + 1, True) for r in decoding]
+        return ScheduledBatch(rows, budgets)
 
     def _chunk(self, req: Request, n: int) -> RowChunk:
         start = req.num_computed
@@ -236,13 +233,13 @@ class Scheduler:
     def _worst_case(self, req: Request) -> int:
         return req.prompt_len + req.params.max_new_tokens
 
+    def _promised(self, req: Request) -> int:
+        """Pages a protected request may still take up to its worst case."""
+        return max(0, self.pool.pages_for(self._worst_case(req)) - len(req.pages))
+
     def _reserved(self, exclude: Request | None) -> int:
         """Pages promised to running protected requests (compiled programs) and not yet taken."""
-        return sum(
-            max(0, self.pool.pages_for(self._worst_case(r)) - len(r.pages))
-            for r in self.running
-            if r.protected and r is not exclude
-        )
+        return sum(self._promised(r) for r in self.running if r.protected and r is not exclude)
 
     def _ensure_free(self, pages: int, req: Request | None = None) -> bool:
         """`pages` free for `req`, evicting cache first. A protected request (or none) gets only pages
@@ -261,6 +258,52 @@ class Scheduler:
             new = self.alloc.alloc(need)
             assert new is not None, "caller ensured free pages"
             req.pages.extend(new)
+
+    def _grow_ahead(self, reqs: list[Request], ahead: list[int]) -> bool:
+        """Pages for `ahead[i]` more tokens of each `reqs[i]` past its computed ones, as `_grow_each`
+        gives them; False at the first that cannot have them. A decode-ahead batch grows most of its
+        rows at once, so where the free pages cover them all without evicting (the common case) one
+        allocation serves every row, in the order they would have taken pages one by one, and the
+        pages promised to protected rows are summed once and kept current, not summed again for each
+        row."""
+        growing: list[tuple[Request, int]] = []
+        free, promised_all = self.alloc.num_free, None
+        for req, n in zip(reqs, ahead):
+            need = self.pool.pages_for(req.num_computed + n) - len(req.pages)
+            if need <= 0:
+                continue
+            reserved = 0  # what `_ensure_free(need, req)` keeps back: nothing for a row that borrows
+            if req.protected:
+                if promised_all is None:
+                    promised_all = self._reserved(None)
+                own = self._promised(req)
+                reserved = promised_all - own  # `_reserved(req)`
+                promised_all += max(0, own - need) - own  # what req is promised once grown
+            if need + reserved > free:  # `_ensure_free` would evict, or fail
+                return self._grow_each(reqs, ahead)
+            free -= need
+            growing.append((req, need))
+        if growing:
+            new = self.alloc.alloc(self.alloc.num_free - free)  # what the rows need together
+            assert new is not None, "checked against the free pages"
+            taken = 0
+            for req, need in growing:
+                req.pages.extend(new[taken : taken + need])
+                taken += need
+        return True
+
+    def _grow_each(self, reqs: list[Request], ahead: list[int]) -> bool:
+        """Pages for `ahead[i]` more tokens of each `reqs[i]`, one request after the other (evicting
+        cache where short, never preempting); False at the first that cannot have them, those before
+        it grown."""
+        for req, n in zip(reqs, ahead):
+            upto = req.num_computed + n
+            need = self.pool.pages_for(upto) - len(req.pages)
+            if need > 0:
+                if not self._ensure_free(need, req):
+                    return False
+                self._grow(req, upto)
+        return True
 
     def _reserve(self, req: Request, num_tokens: int, may_preempt: bool) -> bool:
         """Pages for `req` up to `num_tokens`, evicting cache and then preempting newer requests."""

@@ -14,6 +14,10 @@ def first_finish(
     id, and why — checked in the order a single token always was: a stop token or EOS
     (`req.stop_ids`), the grammar's end, max_new_tokens, the context. Advances the grammar over the
     tokens up to there."""
+    at_max_new = max(0, req.prompt_len + req.params.max_new_tokens - base - 1)
+    at_context = max(0, max_model_len - base - 1)
+    if req.grammar is None and min(at_max_new, at_context) >= len(got) and req.stop_ids.isdisjoint(got):
+        return None, None  # the common case, decided without building the list below
     found: list[tuple[int, int, FinishReason]] = []  # (index, rank of the check, reason)
     if not req.stop_ids.isdisjoint(got):
         k = next(k for k, tok in enumerate(got) if tok in req.stop_ids)
@@ -24,10 +28,8 @@ def first_finish(
             if req.grammar.is_finished():
                 found.append((k, 1, FinishReason.stop(None)))
                 break
-    at_max_new = max(0, req.prompt_len + req.params.max_new_tokens - base - 1)
     if at_max_new < len(got):
         found.append((at_max_new, 2, FinishReason.at_length(req.params.max_new_tokens)))
-    at_context = max(0, max_model_len - base - 1)
     if at_context < len(got):
         found.append((at_context, 3, FinishReason.at_length(base + at_context + 1 - req.prompt_len)))
     if not found:

@@ -4,10 +4,15 @@ reserved ahead by the scheduler. The GPU tests then check that graph replay equa
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
+import torch
 
 import sgjit
-from sgjit.runtime.cuda_graph import batch_buckets
+from sgjit.runtime.cuda_graph import _HostTwins, batch_buckets
+from sgjit.runtime.kv_pool import SCRATCH_PAGE
 
 from conftest import GREEDY, assert_no_leaked_pages
 
@@ -109,3 +114,34 @@ def test_one_graph_serves_every_context_where_the_launch_allows(runtime):
         assert_no_leaked_pages(rt)
     finally:
         rt.shutdown()
+
+
+def test_page_tables_keep_rows_between_loads():
+    """The pinned page tables rewrite only the pages a row gained since they last held it, yet every
+    load sends what filling them afresh sends: each row's pages (cut to the table's width), then the
+    scratch page, and padding rows on the scratch page alone. Page lists grow, get replaced, move
+    between rows and leave, over two tables used in turn as loads use them."""
+    rng = random.Random(0)
+    max_bs, cols = 16, 10
+    tables = [
+        _HostTwins(
+            torch.zeros(0), torch.zeros(0), torch.full((max_bs, cols), SCRATCH_PAGE, dtype=torch.int32)
+        )
+        for _ in range(2)
+    ]
+    lists = [[rng.randint(1, 99) for _ in range(rng.randint(1, 5))] for _ in range(20)]
+    for load in range(3000):
+        for j in range(len(lists)):
+            if rng.random() < 0.2:
+                lists[j].append(rng.randint(1, 99))  # a row gains a page
+            elif rng.random() < 0.03:
+                lists[j] = [rng.randint(1, 99) for _ in range(rng.randint(1, 14))]  # another request
+        n = rng.randint(1, max_bs)
+        bs = min(b for b in (1, 2, 4, 8, 16) if b >= n)
+        rows = rng.sample(lists, n) if rng.random() < 0.3 else lists[:n]
+        host = tables[load % 2]
+        host.fill_table(rows, bs)
+        expected = np.full((bs, cols), SCRATCH_PAGE, dtype=np.int32)
+        for i, pages in enumerate(rows):
+            expected[i, : min(len(pages), cols)] = pages[:cols]
+        assert (host.table[:bs].numpy() == expected).all(), load

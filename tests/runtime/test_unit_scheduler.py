@@ -5,6 +5,7 @@ caches finished prompts and appends a made-up token to every sampling row)."""
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -688,3 +689,46 @@ def test_a_row_that_drew_the_last_token_the_context_allows_sits_out() -> None:
     long.num_computed = 40
     long.tokens.append(-2)
     assert _spans(s.schedule_decode_ahead(lambda r: 4)) == [("long", 40, 41, True)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_decode_ahead_grows_rows_as_one_by_one(seed: int) -> None:
+    """`schedule_decode_ahead` reserves exactly what growing its rows one by one reserves (the same
+    pages to the same rows, the same cache evicted, the same answer), whether the free pages cover
+    every row at once or not, with protected rows among them."""
+
+    def build() -> tuple[Scheduler, list[Request]]:
+        rng = random.Random(seed)
+        s = _sched(num_pages=rng.randint(10, 30))
+        _cache_prefix(s, [rng.randrange(1000, 2000) for _ in range(rng.choice([0, 4, 8, 12]))])
+        reqs = [
+            _req(
+                [rng.randrange(100) for _ in range(rng.randint(1, 9))],
+                max_new_tokens=rng.randint(4, 30),
+                rid=f"r{i}",
+                protected=rng.random() < 0.4,
+            )
+            for i in range(rng.randint(1, 5))
+        ]
+        for r in reqs:
+            s.add(r)
+        while s.waiting or any(r.pending > 1 for r in reqs):
+            if _step(s) is None:
+                break
+        return s, reqs
+
+    rng = random.Random(seed + 1000)
+    ahead = {f"r{i}": rng.randint(1, 16) for i in range(5)}
+    fast, fast_reqs = build()
+    slow, slow_reqs = build()
+    slow._grow_ahead = slow._grow_each  # type: ignore[method-assign]
+    got = fast.schedule_decode_ahead(lambda r: ahead[r.rid])
+    want = slow.schedule_decode_ahead(lambda r: ahead[r.rid])
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert _spans(got) == _spans(want) and got.ahead == want.ahead
+    assert [r.pages for r in fast_reqs] == [r.pages for r in slow_reqs]
+    assert fast.alloc._free == slow.alloc._free
+    assert fast.alloc.refcount.tolist() == slow.alloc.refcount.tolist()
+    assert fast.cache.num_nodes == slow.cache.num_nodes
+    _check_refcounts(fast)
