@@ -16,9 +16,10 @@
 // per layer five phases (qkv, attention, o_proj, gate|up, down) with a grid barrier after each; then
 // the LM head. A GEMV phase hands channel groups out grid-strided, CTA c taking groups c, c + grid,
 // ... and runs the fused decode GEMVs' own body and epilogues (gemv.cuh) on them, so it rounds as the
-// fused ops (and therefore the unfused ops) do. Weights never depend on activations: at each layer's
-// start a CTA asks L2 to prefetch the next layer's rows it will stream (cp.async.bulk.prefetch on
-// sm_90), so the GEMVs read L2 rather than wait on HBM after each barrier.
+// fused ops (and therefore the unfused ops) do. Weights never depend on activations: while it waits
+// after a layer's q|k|v phase, each CTA asks L2 to prefetch a 1/grid slice of the next layer's weight
+// matrices (cp.async.bulk.prefetch on sm_90), and after its down phase the K/V pages its attention
+// units of the next layer read, so the phases read L2 rather than wait on HBM after each barrier.
 //
 // Barriers: one 64-bit counter in global memory that only ever grows. Every CTA arrives once at each
 // of a launch's `barriers` barriers and a launch starts only after the last one ended (one stream), so
@@ -148,9 +149,9 @@ __device__ __forceinline__ void prefetch_share(const void* w, i64 bytes) {
   if (n <= 0) return;
   const char* p = (const char*)w + begin;
 #if __CUDA_ARCH__ >= 900
-  if (threadIdx.x % 32 == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((int)n) : "memory");
+  if (threadIdx.x % 32 == 0) prefetch_l2(p, (int)n);
 #else
-  for (i64 off = (threadIdx.x % 32) * 128; off < n; off += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+  for (i64 off = (threadIdx.x % 32) * 128; off < n; off += 32 * 128) prefetch_l2(p + off, 16);  // a line a lane
 #endif
 }
 

@@ -3,7 +3,8 @@
 One instantiation per rows bucket (1, 2, 4, 8 up to the selector's `rows`), each launched as one wave
 of resident CTAs (the occupancy calculator's count at its shared memory: the grid barriers need every
 CTA on an SM at once) and owning, across launches, its barrier counter (zeroed once here; the
-kernel leaves it as a next launch needs it, so a CUDA graph replays it as is). Everything else a step needs comes from torch's allocator, as for the other ops.
+kernel leaves it as a next launch needs it, so a CUDA graph replays it as is). Everything else a
+step needs comes from torch's allocator, as for the other ops.
 
 A step the kernel does not take (more rows, a prefill, weights not plain tensors of the model dtype,
 a KV pool of another dtype) returns None and the model runs its layers."""
