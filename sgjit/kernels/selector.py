@@ -429,12 +429,6 @@ class KernelSelector:
             return _fused_rows(profile, shapes, workload)
         if op == "decode_megakernel":
             return _megakernel_rows(profile, shapes, workload)
-        if op == "advance_decode" and not env().unverified_kernels:
-            raise _Unfit(
-                "the multi-step bookkeeping kernel has not yet run on a GPU (its test: "
-                "tests/kernels/test_kernels_gpu.py::test_advance_decode_matches_the_reference); "
-                "SGJIT_UNVERIFIED_KERNELS=1 offers it"
-            )
         if op == "moe_experts":
             why_not = grouped_unsupported(profile, shapes)
             if why_not:
