@@ -377,7 +377,10 @@ def test_unverified_kernels_are_not_offered_by_default(monkeypatch):
     assert ks["rmsnorm_qkv_rope"].variant != "reference"
     assert ks["advance_decode"].variant == "cuda"
     monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
-    assert KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["decode_megakernel"].variant == "cuda"
+    assert (
+        KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["decode_megakernel"].variant
+        == "cuda"
+    )
 
 
 def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
