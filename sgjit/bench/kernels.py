@@ -85,7 +85,7 @@ def _attention_op(profile: DeviceProfile, shapes: ModelShapes, ctx: int, stream:
     tile = stream_tile_for(profile, shapes, workload)[0] if stream else None
     return PagedAttention(
         profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], ctx, stream_tile=tile,
-        small_decode_tile=t.get("small_decode_tile"),
+        small_decode_tile=t.get("small_decode_tile"), lean_decode=t.get("lean_decode", False),
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from sgjit.kernels.cuda.fp8_quant import quantize_rows_name
 from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
 from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
+from sgjit.kernels.cuda.lean_decode import lean_decode_name
 from sgjit.kernels.cuda.megakernel import megakernel_name
 from sgjit.kernels.cuda.norm import norm_name
 from sgjit.kernels.cuda.rope import rope_name
@@ -96,6 +97,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         "rope": sorted({rope_name(dt, kv, d, d) for dt, kv in kv_pairs for d in (64, 128)}),
         "attention": sorted(attn),
         "decode": sorted(stream),
+        "lean_decode": sorted(_lean_instantiations(dtypes, kvs, dims_groups, full)),
         "attention_sm90": sorted(sm90),
         "sampling": list(SAMPLING_NAMES),
         "gemv": [
@@ -134,6 +136,19 @@ def _stream_instantiations(
         llama = ModelShapes("bfloat16", kv, 0, 0, 32, 8, 128, 128, 0, 16)
         out |= {stream_decode_name(llama, StreamTile(h, s)) for h in (8, 4, 1) for s in (2, 3, 4, 6)}
     return out
+
+
+def _lean_instantiations(
+    dtypes: list[str], kvs: tuple[str, ...], dims_groups: list[tuple[int, int]], full: bool
+) -> set[str]:
+    """lean_decode.cu: every dtype x KV dtype x (head_dim, group) at page 16; `full` adds groups 12
+    and 16 and one-key and 64-key pages."""
+    pages = (1, 16, 64) if full else (16,)
+    groups = dims_groups + ([(d, g) for d in (64, 128) for g in (12, 16)] if full else [])
+    return {
+        lean_decode_name(ModelShapes(dt, dt if kv == "same" else kv, 0, 0, g * 2, 2, d, d, 0, page))
+        for dt, kv, (d, g), page in itertools.product(dtypes, kvs, groups, pages)
+    }
 
 
 @dataclass(slots=True)

@@ -156,6 +156,11 @@ STREAM_TILES = tuple(StreamTile(h, s) for h in range(8, 0, -1) for s in (2, 3, 4
 STREAM_MAX_GROUP = 16  # query heads a kv head may serve: one m16 tile
 STREAM_HEAD_DIMS = frozenset({64, 128})
 
+# The attention op's `lean_decode` knob (lean_decode.cu: the latency-bound small steps in one launch):
+# what its lanes' layout takes.
+LEAN_HEAD_DIMS = frozenset({64, 128})  # 2 or 4 dims a lane
+LEAN_MAX_GROUP = 16  # query heads a kv head (registers)
+
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.
 PREFILL_TILES = (

@@ -24,6 +24,8 @@ from sgjit.kernels.registry import (
     FUSED_OPS,
     FUSED_ROW_CHOICES,
     HALF_DTYPES,
+    LEAN_HEAD_DIMS,
+    LEAN_MAX_GROUP,
     MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
     SM90_CC,
@@ -109,6 +111,20 @@ def _small_decode_tile(profile: DeviceProfile, shapes: ModelShapes) -> AttnTile 
     tiles = {t.name: t for t in variant("attention", CUDA).tunables["decode_tile"]}
     fit = [tiles[n] for n in SMALL_DECODE_PREFERENCE if tiles[n].fits(profile, d, kvb)]
     return fit[0] if fit else None
+
+
+def _lean_decode(shapes: ModelShapes, workload: Workload) -> tuple[bool, str]:
+    """Whether steps of fewer (row, kv head) pairs than SMs decode on lean_decode.cu."""
+    if workload.batch_invariant:
+        return False, "batch-invariant: no lean decode (its splits follow the row's length)"
+    if shapes.head_dim not in LEAN_HEAD_DIMS or shapes.group > LEAN_MAX_GROUP:
+        return False, f"no lean decode for head_dim {shapes.head_dim}, group {shapes.group}"
+    if not env().unverified_kernels:
+        return False, (
+            "lean decode not yet run on a GPU (tests/kernels/test_lean_decode_gpu.py); "
+            "SGJIT_UNVERIFIED_KERNELS=1 offers it"
+        )
+    return True, "steps of fewer (row, kv head) pairs than SMs decode on the lean kernel"
 
 
 STREAM_INFLIGHT = 96 * 1024
@@ -450,6 +466,9 @@ class KernelSelector:
             why += f"; steps of fewer CTAs than SMs decode on {small.name}"
             if stream is not None:
                 why += " (fp8 pools: steps of at most half as many, the rest stream)"
+        lean, lean_why = _lean_decode(shapes, workload)
+        tunables["lean_decode"] = lean
+        why += f"; {lean_why}"
         if workload.batch_invariant:
             split_len = invariant_split_len(dec, workload.max_context)
             tunables.update(prefill_tile=dec, split_len=split_len)

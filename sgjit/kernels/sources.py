@@ -13,7 +13,8 @@ import xxhash
 
 KERNEL_DIR = Path(__file__).resolve().parent
 FAMILIES = (
-    "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv", "megakernel",
+    "norm", "activation", "rope", "attention", "attention_sm90", "decode", "lean_decode", "sampling", "gemv",
+    "megakernel",
     "fp8_quant",
 )  # fmt: skip
 _INCLUDE = re.compile(r'^#include "(\w+\.cuh)"\n', re.MULTILINE)

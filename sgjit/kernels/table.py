@@ -72,6 +72,7 @@ def _cuda_ops(op: str, profile: DeviceProfile, shapes: ModelShapes, ks: KernelSe
                 prefill_sm90=t.get("prefill_sm90"),
                 pdl=t.get("dependent_launch", False),
                 small_decode_tile=t.get("small_decode_tile"),
+                lean_decode=t.get("lean_decode", False),
             )  # fmt: skip
         }
     raise KeyError(f"no CUDA op {op!r}")

@@ -24,12 +24,13 @@ def _build(*args: str) -> subprocess.CompletedProcess:
 def test_every_family_has_instantiations():
     inst = instantiations()
     assert set(inst) == set(FAMILIES) == {
-        "norm", "activation", "rope", "attention", "attention_sm90", "decode", "sampling", "gemv", "megakernel",
-        "fp8_quant",
+        "norm", "activation", "rope", "attention", "attention_sm90", "decode", "lean_decode", "sampling", "gemv",
+        "megakernel", "fp8_quant",
     }  # fmt: skip
     assert all(inst.values())
     assert len(instantiations(full=True)["attention"]) > len(inst["attention"])
     assert len(instantiations(full=True)["decode"]) > len(inst["decode"])
+    assert len(instantiations(full=True)["lean_decode"]) > len(inst["lean_decode"])
 
 
 @needs_nvcc

@@ -92,9 +92,9 @@ def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
     op = SimpleNamespace(
         profile=PROFILES["H200"], shapes=shapes(), decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
         decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
-        stream=None,
+        stream=None, lean=None,
     )  # fmt: skip
-    for name in ("_small_ctas", "_decode_tile", "_streams", "splits_for_batch"):
+    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
         setattr(op, name, getattr(PagedAttention, name).__get__(op))
     assert [PagedAttention._decode_tile(op, rows)[1] for rows in (1, 16, 17, 64)] == [
         "small",
@@ -121,13 +121,53 @@ def test_fp8_pools_leave_the_smallest_steps_to_the_small_tile():
     op = SimpleNamespace(
         profile=PROFILES["H200"], shapes=sh, decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
         decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
-        stream=SimpleNamespace(smem_bytes=lambda rows: 1024, ctas=lambda rows, ctx: 132),
+        stream=SimpleNamespace(smem_bytes=lambda rows: 1024, ctas=lambda rows, ctx: 132), lean=None,
     )  # fmt: skip
-    for name in ("_small_ctas", "_decode_tile", "_streams", "splits_for_batch"):
+    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
         setattr(op, name, getattr(PagedAttention, name).__get__(op))
     assert [op._streams(rows) for rows in (1, 8, 9, 64)] == [False, False, True, True]
     assert PagedAttention.decode_launch(op, 1, 8192)[0] == f"split {t['small_decode_tile'].name}"
     assert PagedAttention.decode_launch(op, 9, 8192) == ("stream", 132)
+
+
+def test_lean_decode_takes_steps_of_fewer_pairs_than_sms(monkeypatch):
+    """Under SGJIT_UNVERIFIED_KERNELS=1 (until its GPU test has run) the selector offers the lean decode
+    kernel, never in batch-invariant mode; the op sends it the steps of fewer (row, kv head) pairs than
+    SMs (the 8B's 8 kv heads on 132 SMs: up to 16 rows), with a split count of about two CTAs a SM
+    capped by the bound's 64-key runs, and a graph key that names it."""
+    from types import SimpleNamespace
+
+    from sgjit.kernels.cuda.attention import PagedAttention
+    from sgjit.kernels.cuda.lean_decode import LeanDecode
+
+    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS", raising=False)
+    assert KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables["lean_decode"] is False
+    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+    t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
+    assert t["lean_decode"] is True
+    invariant = Workload(64, 4096, batch_invariant=True)
+    assert (
+        KernelSelector().select(PROFILES["H200"], shapes(), invariant)["attention"].tunables["lean_decode"]
+        is False
+    )
+    lean = SimpleNamespace(profile=PROFILES["H200"], shapes=shapes())
+    lean.splits = LeanDecode.splits.__get__(lean)
+    assert [lean.splits(1, 512), lean.splits(1, 4096), lean.splits(8, 4096), lean.splits(16, 64)] == [
+        8,
+        33,
+        5,
+        1,
+    ]
+    op = SimpleNamespace(
+        profile=PROFILES["H200"], shapes=shapes(), decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
+        decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
+        stream=None, lean=lean,
+    )  # fmt: skip
+    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
+        setattr(op, name, getattr(PagedAttention, name).__get__(op))
+    assert [op._leans(rows) for rows in (1, 16, 17)] == [True, True, False]
+    assert PagedAttention.decode_launch(op, 1, 512) == ("lean", 8)
+    assert PagedAttention.decode_launch(op, 17, 512)[0] != "lean"
 
 
 def test_dependent_launch_for_small_layers_on_hopper():

@@ -23,6 +23,7 @@ from sgjit.kernels import reference
 from sgjit.kernels.arch import DeviceProfile
 from sgjit.kernels.cuda.attention_sm90 import Sm90Prefill
 from sgjit.kernels.cuda.decode import StreamDecode
+from sgjit.kernels.cuda.lean_decode import LeanDecode
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 from sgjit.kernels.registry import AttnTile, Sm90Tile, StreamTile
@@ -77,11 +78,13 @@ class PagedAttention:
         prefill_sm90: Sm90Tile | None = None,
         pdl: bool = False,
         small_decode_tile: AttnTile | None = None,
+        lean_decode: bool = False,
     ) -> None:
         """`pdl`: launch the mma.sync kernel and the merge to overlap the kernel before them inside
         captured graphs (pdl.py; the selector's `dependent_launch`). `small_decode_tile`: the mma.sync
         decode tile of steps whose rows x kv heads give fewer CTAs than the device has SMs before
-        any split (`decode_tile` serves the larger ones)."""
+        any split (`decode_tile` serves the larger ones). `lean_decode`: those steps run on
+        lean_decode.cu instead (one launch, splits merged in it)."""
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.pdl = pdl
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
@@ -121,6 +124,17 @@ class PagedAttention:
                 self.stream = StreamDecode(profile, shapes, stream_tile)
             except KernelError as e:
                 log.warning("streaming decode kernel unavailable (%s); decode uses the mma.sync kernel", e)
+        self.lean = None
+        if lean_decode and not split_len:
+            try:
+                self.lean = LeanDecode(profile, shapes)
+            except KernelError as e:
+                log.warning("lean decode kernel unavailable (%s); small steps use the mma.sync kernel", e)
+
+    def _leans(self, rows: int) -> bool:
+        """Whether a decode step of `rows` rows runs on lean_decode.cu: steps of fewer (row, kv head)
+        pairs than the device has SMs, where a call is latency-bound."""
+        return self.lean is not None and rows * self.shapes.num_kv_heads < self.profile.sm_count
 
     def _small_ctas(self, rows: int) -> int | None:
         """CTAs of a `rows`-row decode step on the small-step tile before any key split (None: no
@@ -160,6 +174,8 @@ class PagedAttention:
         """The static part of a decode step's launch for `rows` rows under a context bound: the kernel
         and its grid's split count. A CUDA graph captured under one bound serves another wherever
         this is the same (see `DecodeGraphs.context_bucket`)."""
+        if self._leans(rows):
+            return "lean", self.lean.splits(rows, max_kv_len)
         if self._streams(rows):
             return "stream", self.stream.ctas(rows, max_kv_len)
         return f"split {self._decode_tile(rows)[0].name}", self.splits_for_batch(rows)
@@ -210,6 +226,8 @@ class PagedAttention:
             or meta.page_table.dtype != torch.int32 or not meta.page_table.is_contiguous()
         ):  # fmt: skip
             return reference.attention(q, kv, meta, scale)
+        if meta.is_decode and self._leans(meta.num_rows) and self.lean.serves(q, meta):
+            return self.lean(q, kv, meta, scale, pdl=self.pdl)
         if self.stream is not None and self.stream.serves(q, meta) and self._streams(meta.num_rows):
             return self.stream(q, kv, meta, scale)
         plan = self._plan_for(meta)
