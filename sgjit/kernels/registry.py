@@ -160,6 +160,10 @@ STREAM_HEAD_DIMS = frozenset({64, 128})
 # what its lanes' layout takes.
 LEAN_HEAD_DIMS = frozenset({64, 128})  # 2 or 4 dims a lane
 LEAN_MAX_GROUP = 16  # query heads a kv head (registers)
+# Where it is faster than the mma.sync kernel and its merge (H100): one row of the 8B's 8 kv heads
+# under a 512-1024 key bound; at 64 pairs or a 4096-key bound it is slower (docs/performance.md).
+LEAN_MAX_PAIRS = 8
+LEAN_MAX_CONTEXT = 1024
 
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.

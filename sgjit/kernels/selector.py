@@ -25,7 +25,9 @@ from sgjit.kernels.registry import (
     FUSED_ROW_CHOICES,
     HALF_DTYPES,
     LEAN_HEAD_DIMS,
+    LEAN_MAX_CONTEXT,
     LEAN_MAX_GROUP,
+    LEAN_MAX_PAIRS,
     MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
     SM90_CC,
@@ -114,7 +116,7 @@ def _small_decode_tile(profile: DeviceProfile, shapes: ModelShapes) -> AttnTile 
 
 
 def _lean_decode(shapes: ModelShapes, workload: Workload) -> tuple[bool, str]:
-    """Whether steps of fewer (row, kv head) pairs than SMs decode on lean_decode.cu."""
+    """Whether the latency-bound small steps decode on lean_decode.cu."""
     if workload.batch_invariant:
         return False, "batch-invariant: no lean decode (its splits follow the row's length)"
     if shapes.head_dim not in LEAN_HEAD_DIMS or shapes.group > LEAN_MAX_GROUP:
@@ -124,7 +126,10 @@ def _lean_decode(shapes: ModelShapes, workload: Workload) -> tuple[bool, str]:
             "lean decode not yet run on a GPU (tests/kernels/test_lean_decode_gpu.py); "
             "SGJIT_UNVERIFIED_KERNELS=1 offers it"
         )
-    return True, "steps of fewer (row, kv head) pairs than SMs decode on the lean kernel"
+    return True, (
+        f"steps of <= {LEAN_MAX_PAIRS} (row, kv head) pairs under a <= {LEAN_MAX_CONTEXT}-key bound decode on "
+        "the lean kernel"
+    )
 
 
 STREAM_INFLIGHT = 96 * 1024

@@ -130,11 +130,11 @@ def test_fp8_pools_leave_the_smallest_steps_to_the_small_tile():
     assert PagedAttention.decode_launch(op, 9, 8192) == ("stream", 132)
 
 
-def test_lean_decode_takes_steps_of_fewer_pairs_than_sms(monkeypatch):
+def test_lean_decode_takes_one_row_steps_over_short_contexts(monkeypatch):
     """Under SGJIT_UNVERIFIED_KERNELS=1 (until its GPU test has run) the selector offers the lean decode
-    kernel, never in batch-invariant mode; the op sends it the steps of fewer (row, kv head) pairs than
-    SMs (the 8B's 8 kv heads on 132 SMs: up to 16 rows), with a split count of about two CTAs a SM
-    capped by the bound's 64-key runs, and a graph key that names it."""
+    kernel, never in batch-invariant mode; the op sends it the steps where it measured faster (at most
+    8 (row, kv head) pairs: one row of the 8B, two of SmolLM2; a context bound of at most 1024), with a
+    split count of about two CTAs a SM capped by the bound's 64-key runs, and a graph key that names it."""
     from types import SimpleNamespace
 
     from sgjit.kernels.cuda.attention import PagedAttention
@@ -150,7 +150,7 @@ def test_lean_decode_takes_steps_of_fewer_pairs_than_sms(monkeypatch):
         KernelSelector().select(PROFILES["H200"], shapes(), invariant)["attention"].tunables["lean_decode"]
         is False
     )
-    lean = SimpleNamespace(profile=PROFILES["H200"], shapes=shapes())
+    lean = SimpleNamespace(profile=PROFILES["H200"], shapes=shapes(), ctas_per_sm=2, min_split_keys=64)
     lean.splits = LeanDecode.splits.__get__(lean)
     assert [lean.splits(1, 512), lean.splits(1, 4096), lean.splits(8, 4096), lean.splits(16, 64)] == [
         8,
@@ -165,9 +165,11 @@ def test_lean_decode_takes_steps_of_fewer_pairs_than_sms(monkeypatch):
     )  # fmt: skip
     for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
         setattr(op, name, getattr(PagedAttention, name).__get__(op))
-    assert [op._leans(rows) for rows in (1, 16, 17)] == [True, True, False]
+    assert [op._leans(rows, 1024) for rows in (1, 2, 16)] == [True, False, False]
+    assert not op._leans(1, 2048)
     assert PagedAttention.decode_launch(op, 1, 512) == ("lean", 8)
-    assert PagedAttention.decode_launch(op, 17, 512)[0] != "lean"
+    assert PagedAttention.decode_launch(op, 1, 4096)[0] != "lean"
+    assert PagedAttention.decode_launch(op, 2, 512)[0] != "lean"
 
 
 def test_dependent_launch_for_small_layers_on_hopper():

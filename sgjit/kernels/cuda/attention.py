@@ -26,7 +26,7 @@ from sgjit.kernels.cuda.decode import StreamDecode
 from sgjit.kernels.cuda.lean_decode import LeanDecode
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
-from sgjit.kernels.registry import AttnTile, Sm90Tile, StreamTile
+from sgjit.kernels.registry import LEAN_MAX_CONTEXT, LEAN_MAX_PAIRS, AttnTile, Sm90Tile, StreamTile
 from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
@@ -131,10 +131,15 @@ class PagedAttention:
             except KernelError as e:
                 log.warning("lean decode kernel unavailable (%s); small steps use the mma.sync kernel", e)
 
-    def _leans(self, rows: int) -> bool:
-        """Whether a decode step of `rows` rows runs on lean_decode.cu: steps of fewer (row, kv head)
-        pairs than the device has SMs, where a call is latency-bound."""
-        return self.lean is not None and rows * self.shapes.num_kv_heads < self.profile.sm_count
+    def _leans(self, rows: int, max_kv_len: int) -> bool:
+        """Whether a decode step of `rows` rows under a context bound runs on lean_decode.cu: the
+        latency-bound steps of a few (row, kv head) pairs over short contexts, where it measured faster
+        (registry.LEAN_MAX_PAIRS, LEAN_MAX_CONTEXT)."""
+        return (
+            self.lean is not None
+            and rows * self.shapes.num_kv_heads <= LEAN_MAX_PAIRS
+            and max_kv_len <= LEAN_MAX_CONTEXT
+        )
 
     def _small_ctas(self, rows: int) -> int | None:
         """CTAs of a `rows`-row decode step on the small-step tile before any key split (None: no
@@ -174,7 +179,7 @@ class PagedAttention:
         """The static part of a decode step's launch for `rows` rows under a context bound: the kernel
         and its grid's split count. A CUDA graph captured under one bound serves another wherever
         this is the same (see `DecodeGraphs.context_bucket`)."""
-        if self._leans(rows):
+        if self._leans(rows, max_kv_len):
             return "lean", self.lean.splits(rows, max_kv_len)
         if self._streams(rows):
             return "stream", self.stream.ctas(rows, max_kv_len)
@@ -226,7 +231,7 @@ class PagedAttention:
             or meta.page_table.dtype != torch.int32 or not meta.page_table.is_contiguous()
         ):  # fmt: skip
             return reference.attention(q, kv, meta, scale)
-        if meta.is_decode and self._leans(meta.num_rows) and self.lean.serves(q, meta):
+        if meta.is_decode and self._leans(meta.num_rows, meta.max_kv_len) and self.lean.serves(q, meta):
             return self.lean(q, kv, meta, scale, pdl=self.pdl)
         if self.stream is not None and self.stream.serves(q, meta) and self._streams(meta.num_rows):
             return self.stream(q, kv, meta, scale)

@@ -20,7 +20,7 @@ from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
 
 LOG2E = 1.0 / math.log(2.0)
-WARPS = 4
+WARPS = 8  # H100, B=1, 512 keys: 7.4 us a call with 8 warps, 8.7 with 4 (docs/performance.md)
 MIN_SPLIT_KEYS = 64  # a split's least keys: two blocks a warp, so the loads of one hide behind the other
 CTAS_PER_SM = 2  # the grid's target: this many CTAs a SM across the step's (row, kv head) pairs
 MAX_PAIRS = 4096  # counters the op holds; the steps it serves have fewer pairs than the device has SMs
@@ -42,19 +42,33 @@ def lean_decode_name(shapes: ModelShapes, warps: int = WARPS) -> str:
 
 class LeanDecode:
     def __init__(
-        self, profile: DeviceProfile, shapes: ModelShapes, device: torch.device | str = "cuda"
+        self,
+        profile: DeviceProfile,
+        shapes: ModelShapes,
+        device: torch.device | str = "cuda",
+        warps: int = WARPS,
+        ctas_per_sm: int = CTAS_PER_SM,
+        min_split_keys: int = MIN_SPLIT_KEYS,
     ) -> None:
+        """`warps`, `ctas_per_sm`, `min_split_keys`: the launch's shape (benchmark sweeps set them)."""
         self.profile, self.shapes = profile, shapes
-        name = lean_decode_name(shapes)
+        self.warps, self.ctas_per_sm, self.min_split_keys = warps, ctas_per_sm, min_split_keys
+        name = lean_decode_name(shapes, warps)
         self.kernel = compile_kernels("lean_decode", [name])[name]
         self.counters = torch.zeros(MAX_PAIRS, dtype=torch.int32, device=device)
 
     def splits(self, rows: int, max_context: int) -> int:
-        """The grid's split count for `rows` rows under a context bound: about CTAS_PER_SM CTAs a SM,
-        no more splits than the bound has MIN_SPLIT_KEYS runs of keys."""
+        """The grid's split count for `rows` rows under a context bound: about `ctas_per_sm` CTAs a SM,
+        no more splits than the bound has `min_split_keys` runs of keys."""
         pairs = rows * self.shapes.num_kv_heads
-        want = -(-CTAS_PER_SM * self.profile.sm_count // pairs)
-        return max(1, min(want, -(-max_context // MIN_SPLIT_KEYS)))
+        want = -(-self.ctas_per_sm * self.profile.sm_count // pairs)
+        return max(1, min(want, -(-max_context // self.min_split_keys)))
+
+    def split_keys(self, splits: int, max_context: int) -> int:
+        """Keys a split takes: the bound cut into `splits`, at least `min_split_keys`, whole blocks."""
+        kpw = keys_per_warp(self.shapes.group)
+        keys = max(-(-max_context // splits), self.min_split_keys)
+        return -(-keys // kpw) * kpw
 
     def serves(self, q: torch.Tensor, meta: AttentionMetadata) -> bool:
         """A decode step (one query a row) of few enough pairs, 16-byte aligned query rows, a
