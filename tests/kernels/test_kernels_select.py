@@ -80,22 +80,32 @@ def test_small_decode_steps_get_their_own_tile():
     assert "small_decode_tile" not in det.tunables
 
 
-def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
-    """The op's rule (no kernels needed: the launch plan is host arithmetic): on the H200's 132 SMs
-    and the 8B's 8 kv heads, steps of up to 16 rows decode on the small tile with its own split
-    count, from 17 rows on the large tile; a graph key names the tile, so the two never share one."""
+def _attention_rule(sh, t: dict, stream=None, lean=None):
+    """The attention op's launch rule without its kernels (host arithmetic): PagedAttention's methods
+    bound to a stand-in holding the selector's tiles, with `stream`/`lean` stand-ins (None: none)."""
     from types import SimpleNamespace
 
     from sgjit.kernels.cuda.attention import PagedAttention
 
-    t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
     op = SimpleNamespace(
-        profile=PROFILES["H200"], shapes=shapes(), decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
+        profile=PROFILES["H200"], shapes=sh, decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
         decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
-        stream=None, lean=None,
+        stream=stream, lean=lean,
     )  # fmt: skip
-    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
+    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch", "decode_launch"):
         setattr(op, name, getattr(PagedAttention, name).__get__(op))
+    return op
+
+
+def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
+    """The op's rule (no kernels needed: the launch plan is host arithmetic): on the H200's 132 SMs
+    and the 8B's 8 kv heads, steps of up to 16 rows decode on the small tile with its own split
+    count, from 17 rows on the large tile; a graph key names the tile, so the two never share one."""
+
+    from sgjit.kernels.cuda.attention import PagedAttention
+
+    t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
+    op = _attention_rule(shapes(), t)
     assert [PagedAttention._decode_tile(op, rows)[1] for rows in (1, 16, 17, 64)] == [
         "small",
         "small",
@@ -118,13 +128,9 @@ def test_fp8_pools_leave_the_smallest_steps_to_the_small_tile():
     sh = shapes(kv=torch.float8_e4m3fn)
     t = KernelSelector().select(PROFILES["H200"], sh)["attention"].tunables
     assert t["stream_decode"] is not None and t["small_decode_tile"] is not None
-    op = SimpleNamespace(
-        profile=PROFILES["H200"], shapes=sh, decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
-        decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
-        stream=SimpleNamespace(smem_bytes=lambda rows: 1024, ctas=lambda rows, ctx: 132), lean=None,
-    )  # fmt: skip
-    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
-        setattr(op, name, getattr(PagedAttention, name).__get__(op))
+    op = _attention_rule(
+        sh, t, stream=SimpleNamespace(smem_bytes=lambda rows: 1024, ctas=lambda rows, ctx: 132)
+    )
     assert [op._streams(rows) for rows in (1, 8, 9, 64)] == [False, False, True, True]
     assert PagedAttention.decode_launch(op, 1, 8192)[0] == f"split {t['small_decode_tile'].name}"
     assert PagedAttention.decode_launch(op, 9, 8192) == ("stream", 132)
@@ -158,13 +164,7 @@ def test_lean_decode_takes_one_row_steps_over_short_contexts(monkeypatch):
         5,
         1,
     ]
-    op = SimpleNamespace(
-        profile=PROFILES["H200"], shapes=shapes(), decode_tile=t["decode_tile"], small_decode_tile=t["small_decode_tile"],
-        decode_kernel="large", small_decode_kernel="small", split_len=0, fixed_splits=None, max_context=8192,
-        stream=None, lean=lean,
-    )  # fmt: skip
-    for name in ("_small_ctas", "_decode_tile", "_streams", "_leans", "splits_for_batch"):
-        setattr(op, name, getattr(PagedAttention, name).__get__(op))
+    op = _attention_rule(shapes(), t, lean=lean)
     assert [op._leans(rows, 1024) for rows in (1, 2, 16)] == [True, False, False]
     assert not op._leans(1, 2048)
     assert PagedAttention.decode_launch(op, 1, 512) == ("lean", 8)

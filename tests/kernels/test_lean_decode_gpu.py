@@ -1,9 +1,6 @@
-"""The lean decode kernel (lean_decode.cu) against the reference op (skipped without a GPU).
-
-Inputs come from `paged_attention_case` (shuffled pages, garbage past each row's keys, NaN in pages no
-row owns); outputs are allocated on NaN-poisoned memory, so an element no CTA wrote fails. The oracle
-is the reference op in float32 on the same stored keys; errors are ‖out − ref‖ / ‖ref‖ per row (bf16
-2e-2, fp16 4e-3). Beyond the shapes: split merges by the last CTA (lengths from one key to 32k), the
+"""The lean decode kernel (lean_decode.cu) against the reference op (skipped without a GPU); cases
+and oracle as tests/decode_cases.py says. Outputs are allocated on NaN-poisoned memory, so an
+element no CTA wrote fails. Beyond the shapes: split merges by the last CTA (lengths from one key to 32k), the
 per-pair counters back at zero after every call and every graph replay, and a graph captured once
 for a context bound and replayed for other lengths."""
 
@@ -13,19 +10,14 @@ import random
 
 import pytest
 import torch
+from decode_cases import BF16, DEV, FP8, FP16, check, config_id, make_case, poison, shapes_of
 
-from sgjit.kernels import reference
 from sgjit.kernels.arch import device_profile
-from sgjit.kernels.spec import ModelShapes, Workload
-from sgjit.kernels.synthetic import AttentionCase, paged_attention_case
+from sgjit.kernels.spec import Workload
+from sgjit.kernels.synthetic import AttentionCase
 
 pytestmark = pytest.mark.gpu
 
-DEV = "cuda"
-BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
-NAMES = {BF16: "bfloat16", FP16: "float16", FP8: "fp8_e4m3"}
-TOL = {BF16: 2e-2, FP16: 4e-3}
-FP8_SCALE = 0.37
 
 # (dtype, kv dtype, Hq, Hkv, head_dim, page)
 CONFIGS = [
@@ -41,52 +33,23 @@ CONFIGS = [
 ]
 
 
-def _id(c) -> str:
-    return f"{NAMES[c[0]]}-{NAMES[c[1]]}-{c[2]}q{c[3]}kv-d{c[4]}-p{c[5]}"
-
-
 @pytest.fixture(scope="module")
 def profile():
     return device_profile(DEV)
 
 
-def _shapes(cfg) -> ModelShapes:
-    dtype, kv_dtype, hq, hkv, d, page = cfg
-    return ModelShapes(NAMES[dtype], NAMES[kv_dtype], 4096, 14336, hq, hkv, d, d, 32000, page)
-
-
 def _op(profile, cfg):
     from sgjit.kernels.cuda.lean_decode import LeanDecode
 
-    return LeanDecode(profile, _shapes(cfg))
-
-
-def _case(cfg, lens: list[int], seed: int = 0) -> AttentionCase:
-    dtype, kv_dtype, hq, hkv, d, page = cfg
-    scale = FP8_SCALE if kv_dtype == FP8 else 1.0
-    return paged_attention_case([1] * len(lens), lens, hq, hkv, d, page, dtype, kv_dtype, DEV, seed, scale)
+    return LeanDecode(profile, shapes_of(cfg))
 
 
 def _run(op, case: AttentionCase) -> torch.Tensor:
-    block = torch.full((case.q.numel() * case.q.element_size() // 4 + 1,), float("nan"), device=DEV)
-    del block  # the output lands on NaN-filled memory
+    poison(case.q.numel() * case.q.element_size())  # the output lands on NaN-filled memory
     out = op(case.q, case.kv, case.meta, case.q.shape[-1] ** -0.5)
     torch.cuda.synchronize()
     assert int(op.counters.abs().sum()) == 0, "a pair's counter was left non-zero"
     return out
-
-
-def _check(out: torch.Tensor, case: AttentionCase, what: str = "") -> None:
-    ref = reference.attention(case.q.float(), case.kv, case.meta, case.q.shape[-1] ** -0.5).double()
-    o = out.double()
-    tol = TOL[out.dtype]
-    err = (o - ref).norm(dim=(1, 2)) / ref.norm(dim=(1, 2))
-    nan = torch.isnan(o).flatten(1).any(1)
-    bad = ((err >= tol) | nan).nonzero().flatten().tolist()
-    if bad:
-        lens = case.meta.kv_lens.tolist()
-        rows = [f"row {b} kv {lens[b]}: err {err[b].item():.2e} nan {bool(nan[b])}" for b in bad[:8]]
-        pytest.fail(f"{what}: {len(bad)} of {len(lens)} rows off (tol {tol}):\n" + "\n".join(rows))
 
 
 def _batches(rng: random.Random) -> list[tuple[str, list[int]]]:
@@ -101,13 +64,13 @@ def _batches(rng: random.Random) -> list[tuple[str, list[int]]]:
     ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=config_id)
 def test_matches_reference(cfg, profile):
     op = _op(profile, cfg)
     rng = random.Random(cfg[2] * 100 + cfg[4])
     for i, (what, lens) in enumerate(_batches(rng)):
-        case = _case(cfg, lens, seed=i)
-        _check(_run(op, case), case, f"{what} ({op.splits(len(lens), max(lens))} splits)")
+        case = make_case(cfg, lens, seed=i)
+        check(_run(op, case), case, f"{what} ({op.splits(len(lens), max(lens))} splits)")
 
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
@@ -119,13 +82,13 @@ def test_graph_replay_any_lengths(kv_dtype, profile):
     from sgjit.kernels.selector import KernelSelector
 
     cfg = (BF16, kv_dtype, 32, 8, 128, 16)
-    shapes = _shapes(cfg)
+    shapes = shapes_of(cfg)
     t = KernelSelector().select(profile, shapes, Workload(4, 4096))["attention"].tunables
     op = PagedAttention(profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], 4096, lean_decode=True)
     op._leans = lambda rows, max_kv_len: True
     assert op.decode_launch(4, 4096)[0] == "lean"
     b = 4
-    case = _case(cfg, [4096] * b)
+    case = make_case(cfg, [4096] * b)
     scale = 128**-0.5
     op(case.q, case.kv, case.meta, scale)  # compile and warm up outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -141,7 +104,7 @@ def test_graph_replay_any_lengths(kv_dtype, profile):
             graph.replay()
         torch.cuda.synchronize()
         assert int(op.lean.counters.abs().sum()) == 0
-        _check(out, case, f"replay with lengths {lens}")
+        check(out, case, f"replay with lengths {lens}")
 
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
@@ -152,18 +115,18 @@ def test_adversarial_queries_and_keys(kv_dtype, profile):
     op = _op(profile, cfg)
     lens = [3000, 17, 1, 700]
     for what, q_mul in (("huge queries", 2e3), ("tiny queries", 1e-4)):
-        case = _case(cfg, lens, seed=3)
+        case = make_case(cfg, lens, seed=3)
         case.q.mul_(q_mul)
-        _check(_run(op, case), case, what)
-    case = _case(cfg, lens, seed=4)
+        check(_run(op, case), case, what)
+    case = make_case(cfg, lens, seed=4)
     case.q[:, ::3] = 0
-    _check(_run(op, case), case, "zero query heads")
+    check(_run(op, case), case, "zero query heads")
     if kv_dtype == FP8:
-        case = _case(cfg, lens, seed=5)
+        case = make_case(cfg, lens, seed=5)
         page = case.meta.page_table[0, 7].item()
         case.kv.k[page, 3].view(torch.uint8).fill_(0x7E)  # +448
         case.kv.v[page, 3].view(torch.uint8).fill_(0xFE)  # -448
-        _check(_run(op, case), case, "keys and values at e4m3's maximum")
+        check(_run(op, case), case, "keys and values at e4m3's maximum")
 
 
 @pytest.mark.parametrize("warps", [4, 8])
@@ -174,10 +137,10 @@ def test_rows_past_the_launch_bound_are_recut(warps, profile):
     from sgjit.kernels.cuda.lean_decode import LeanDecode
 
     cfg = (BF16, BF16, 32, 8, 128, 16)
-    op = LeanDecode(profile, _shapes(cfg), warps=warps)
-    case = _case(cfg, [4096, 100, 512, 3000], seed=9)
+    op = LeanDecode(profile, shapes_of(cfg), warps=warps)
+    case = make_case(cfg, [4096, 100, 512, 3000], seed=9)
     case.meta.max_kv_len = 512
     assert op.splits(4, 512) == 8 and op.split_keys(8, 512) == 64
     out = _run(op, case)
     case.meta.max_kv_len = 4096  # the reference reads keys up to the metadata's bound
-    _check(out, case, f"bound 512, {warps} warps")
+    check(out, case, f"bound 512, {warps} warps")
