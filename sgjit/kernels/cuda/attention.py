@@ -83,8 +83,9 @@ class PagedAttention:
         """`pdl`: launch the mma.sync kernel and the merge to overlap the kernel before them inside
         captured graphs (pdl.py; the selector's `dependent_launch`). `small_decode_tile`: the mma.sync
         decode tile of steps whose rows x kv heads give fewer CTAs than the device has SMs before
-        any split (`decode_tile` serves the larger ones). `lean_decode`: those steps run on
-        lean_decode.cu instead (one launch, splits merged in it)."""
+        any split (`decode_tile` serves the larger ones). `lean_decode`: steps of at most
+        registry.LEAN_MAX_PAIRS (row, kv head) pairs under a context bound of at most LEAN_MAX_CONTEXT
+        keys run on lean_decode.cu instead (one launch, splits merged in it)."""
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.pdl = pdl
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile

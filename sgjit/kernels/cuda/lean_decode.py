@@ -4,7 +4,8 @@ heads, splits, rows) with the split count fixed by the step's static context bou
 graph replays for any lengths up to it; the kernel cuts each row's real keys from `kv_lens`.
 
 The op owns one int32 counter a (row, kv head) pair, zero between launches (the kernel's last CTA of
-a pair resets it), so every layer and every graph replay shares them."""
+a pair resets it), so every layer and every graph replay shares them: its launches go in order on one
+stream, as a runtime's steps do."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ LOG2E = 1.0 / math.log(2.0)
 WARPS = 8  # H100, B=1, 512 keys: 7.4 us a call with 8 warps, 8.7 with 4 (docs/performance.md)
 MIN_SPLIT_KEYS = 64  # a split's least keys: two blocks a warp, so the loads of one hide behind the other
 CTAS_PER_SM = 2  # the grid's target: this many CTAs a SM across the step's (row, kv head) pairs
-MAX_PAIRS = 4096  # counters the op holds; the steps it serves have fewer pairs than the device has SMs
+MAX_PAIRS = 4096  # counters the op holds (the attention op sends it registry.LEAN_MAX_PAIRS at most)
 
 
 def keys_per_warp(group: int) -> int:
