@@ -184,15 +184,19 @@ def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
     detail["small_decode_sweep_us"] = _small_decode_sweep(profile, tiles)
 
 
-# The latency-bound small steps: where the selector's small-step tile comes from (registry.py).
-SMALL_DECODE_STEPS = ((1, 512), (1, 4096), (8, 512), (8, 4096))
+# The latency-bound small steps: where the selector's small-step tile and the lean decode kernel's
+# regime (registry.py) come from.
+SMALL_DECODE_STEPS = ((1, 512), (1, 1024), (1, 4096), (8, 512), (8, 4096))
 SMALL_DECODE_SPLITS = (1, 2, 4, 8, 16, 32)
+LEAN_SWEEP = ((4, 2, 64), (8, 2, 64), (8, 1, 128), (8, 4, 64))  # (warps, CTAs a SM, least keys a split)
 
 
 def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Small decode steps (fewer CTAs than SMs before any split): every mma.sync decode tile at
-    several split counts, merge included, as CUDA-graph replays, beside torch SDPA (GQA)."""
+    several split counts, merge included, and the lean decode kernel at the LEAN_SWEEP launch shapes
+    (`lean wW cC kK`), as CUDA-graph replays, beside torch SDPA (GQA)."""
     from sgjit.kernels.cuda.attention import PagedAttention
+    from sgjit.kernels.cuda.lean_decode import LeanDecode
 
     out = {}
     prefill = tiles["prefill_tile"][0]
@@ -203,6 +207,11 @@ def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[s
             op = PagedAttention(profile, _shapes(), BF16, tile, prefill, 8192, fixed_splits=splits)
             times[f"{tile.name}/splits{splits}"] = 1e6 * _graph_seconds(
                 lambda op=op, c=case: op(c.q, c.kv, c.meta, SCALE)
+            )
+        for warps, per_sm, least in LEAN_SWEEP:
+            lean = LeanDecode(profile, _shapes(), warps=warps, ctas_per_sm=per_sm, min_split_keys=least)
+            times[f"lean w{warps} c{per_sm} k{least}"] = 1e6 * _graph_seconds(
+                lambda op=lean, c=case: op(c.q, c.kv, c.meta, SCALE)
             )
         times["sdpa_gqa"] = 1e6 * _sdpa_seconds(b, ctx, case.q)["sdpa_gqa"]
         out[f"B={b} ctx={ctx}"] = times
