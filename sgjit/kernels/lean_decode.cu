@@ -18,8 +18,8 @@
 // each lane whole scores; the online softmax in the exp2 domain runs per query head with every lane
 // holding every head's running max, and O += P V broadcasts each probability from the lane that
 // holds it. A warp keeps two blocks' K/V loads in flight (even blocks in one set of registers, odd
-// in the other), and their page ids two blocks ahead. An fp8 e4m3 pool is widened in registers (scales folded into the query scale
-// and the output).
+// in the other), and their page ids two blocks ahead. An fp8 e4m3 pool is widened in registers
+// (its scales folded into the query scale and the output).
 //
 // The warps combine through shared memory. A row's only split writes `out`; otherwise each split
 // writes its normalised O and log2-sum-exp to its slot, fences, and counts itself in the pair's
