@@ -232,7 +232,7 @@ class PagedAttention:
             or meta.page_table.dtype != torch.int32 or not meta.page_table.is_contiguous()
         ):  # fmt: skip
             return reference.attention(q, kv, meta, scale)
-        if meta.is_decode and self._leans(meta.num_rows, meta.max_kv_len) and self.lean.serves(q, meta):
+        if self._leans(meta.num_rows, meta.max_kv_len) and self.lean.serves(q, meta):  # serves: decode only
             return self.lean(q, kv, meta, scale, pdl=self.pdl)
         if self.stream is not None and self.stream.serves(q, meta) and self._streams(meta.num_rows):
             return self.stream(q, kv, meta, scale)
