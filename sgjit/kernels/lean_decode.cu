@@ -21,11 +21,16 @@
 // in the other), and their page ids two blocks ahead. An fp8 e4m3 pool is widened in registers
 // (its scales folded into the query scale and the output).
 //
-// The warps combine through shared memory. A row's only split writes `out`; otherwise each split
-// writes its normalised O and log2-sum-exp to its slot, fences, and counts itself in the pair's
-// counter; the CTA that brings it to the split count merges the slots into `out` and resets the
-// counter to zero for the next launch (the counters are zero between launches, so graph replays and
-// every layer share them).
+// The warps combine through shared memory. Then the splits of a (row, kv head) merge one of two ways:
+// - CL > 1 (sm_90, the launch's S = CL splits a cluster): each CTA leaves its combined max, sum and O
+//   in its shared memory, the cluster syncs, and each CTA merges its share of the group's outputs by
+//   reading every CTA's through distributed shared memory; a second cluster sync keeps every CTA's
+//   shared memory alive until the others have read it. No global round trip, no counter; a CTA past
+//   the row's last split takes part with an empty result.
+// - CL == 1: a row's only split writes `out`; otherwise each split writes its normalised O and
+//   log2-sum-exp to its slot, fences, and counts itself in the pair's counter; the CTA that brings it
+//   to the split count merges the slots into `out` and resets the counter to zero for the next launch
+//   (the counters are zero between launches, so graph replays and every layer share them).
 #include "common.cuh"
 
 using namespace sgjit;
@@ -97,13 +102,36 @@ template <int N, int O> __device__ __forceinline__ void transpose_sum(float* v, 
   }
 }
 
+// The cluster's pieces (sm_90): this CTA's rank, a cluster-wide barrier whose release/acquire order
+// the shared-memory writes before it, and a float read from rank r's copy of a shared variable.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LEAN_CLUSTER_DIMS(n) __cluster_dims__(1, n, 1)
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float cluster_load(const float* local, u32 rank) {
+  u32 remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)__cvta_generic_to_shared(local)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#else
+#define LEAN_CLUSTER_DIMS(n)
+#endif
+
 __host__ __device__ constexpr int ilog2(int n) { return n <= 1 ? 0 : 1 + ilog2(n / 2); }
 __host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
 
 }  // namespace sgjit
 
-template <typename T, typename KVT, int D, int G, int PAGE, int WARPS, int KPW>
-__global__ void __launch_bounds__(32 * WARPS)
+template <typename T, typename KVT, int D, int G, int PAGE, int WARPS, int KPW, int CL>
+__global__ void __launch_bounds__(32 * WARPS) LEAN_CLUSTER_DIMS(CL)
     lean_decode_kernel(const T* __restrict__ q, i64 q_stride, const KVT* __restrict__ k_cache,
                        const KVT* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
                        const int* __restrict__ kv_lens, int hkv, int split_keys, T* __restrict__ out,
@@ -117,10 +145,12 @@ __global__ void __launch_bounds__(32 * WARPS)
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(G >= 1 && G <= 16, "up to 16 query heads a kv head");
   static_assert((PAGE & (PAGE - 1)) == 0 && (KPW & (KPW - 1)) == 0 && KPW <= 32, "powers of two");
+  static_assert(CL >= 1 && CL <= 8 && (CL & (CL - 1)) == 0, "a portable cluster: 1, 2, 4 or 8 splits");
   typedef lane_bits_t<KVT, DPL> Bits;
 
   __shared__ float s_m[WARPS][G], s_l[WARPS][G];
-  __shared__ __align__(16) float s_o[WARPS][G][D];
+  __shared__ __align__(16) float s_o[WARPS][G][D];  // s_o[0]: the CTA's combined O, for the cluster
+  __shared__ float s_cm[G], s_cl[G];                 // the CTA's combined max and sum, for the cluster
   __shared__ int s_last;
 
   const int h = blockIdx.x, split = blockIdx.y, b = blockIdx.z, S = gridDim.y;
@@ -147,7 +177,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     pgb = page_at(1);
   }
   const int nsplit = max(1, (len + kps - 1) / kps);
-  if (split >= nsplit) return;
+  if (CL == 1 && split >= nsplit) return;  // a cluster's CTAs all take part in its merge
   const int k1 = min(len, k0 + kps);
   const int nblk = (k1 - k0 + KPW - 1) / KPW;
   const int my_blocks = warp < nblk ? (nblk - warp + WARPS - 1) / WARPS : 0;
@@ -286,20 +316,64 @@ __global__ void __launch_bounds__(32 * WARPS)
     for (int d = 0; d < DPL; ++d) s_o[warp][g][lane * DPL + d] = acc[g][d];
   }
   __syncthreads();
-  const int pair = b * hkv + h;
-  const bool alone = nsplit == 1;
-  for (int e = tid; e < G * D; e += NT) {
-    const int g = e / D, d = e % D;
-    float mx = -INFINITY;
+  // the CTA's warps combined for head g, dim d: its max and sum (out), its O at that max (returned)
+  auto combine_warps = [&](int g, int d, float& mx, float& l) {
+    mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
-    float l = 0.f, o = 0.f;
+    l = 0.f;
+    float o = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) {
       const float c = s_m[w][g] == -INFINITY ? 0.f : exp2f(s_m[w][g] - mx);
       l = fmaf(s_l[w][g], c, l);
       o = fmaf(s_o[w][g][d], c, o);
     }
+    return o;
+  };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CL > 1) {
+    for (int e = tid; e < G * D; e += NT) {  // each thread reads, then overwrites, its own (g, d)
+      const int g = e / D, d = e % D;
+      float mx, l;
+      s_o[0][g][d] = combine_warps(g, d, mx, l);
+      if (d == 0) {
+        s_cm[g] = mx;
+        s_cl[g] = l;
+      }
+    }
+    cluster_sync();
+    // rank r merges outputs r, r + CL, ... of the group's G * D across the cluster's CTAs
+    for (int e = (int)cluster_rank() + CL * tid; e < G * D; e += CL * NT) {
+      const int g = e / D, d = e % D;
+      float cm[CL];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < CL; ++r) {
+        cm[r] = cluster_load(&s_cm[g], r);
+        mx = fmaxf(mx, cm[r]);
+      }
+      float l = 0.f, o = 0.f;
+#pragma unroll
+      for (int r = 0; r < CL; ++r) {
+        const float c = cm[r] == -INFINITY ? 0.f : exp2f(cm[r] - mx);
+        l = fmaf(cluster_load(&s_cl[g], r), c, l);
+        o = fmaf(cluster_load(&s_o[0][g][d], r), c, o);
+      }
+      out[((i64)b * hq + h * G + g) * D + d] = from_float<T>(l > 0.f ? o * v_scale / l : 0.f);
+    }
+    cluster_sync();  // no CTA leaves while another reads its shared memory
+    return;
+  }
+#else
+  if constexpr (CL > 1) __trap();  // the host forms clusters on sm_90 only
+#endif
+  const int pair = b * hkv + h;
+  const bool alone = nsplit == 1;
+  for (int e = tid; e < G * D; e += NT) {
+    const int g = e / D, d = e % D;
+    float mx, l;
+    const float o = combine_warps(g, d, mx, l);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     if (alone) {
       out[((i64)b * hq + h * G + g) * D + d] = from_float<T>(o * inv * v_scale);
@@ -327,11 +401,11 @@ __global__ void __launch_bounds__(32 * WARPS)
     const float* lse = part_lse + (i64)pair * S * G + g;
     const float* po = part_o + ((i64)pair * S * G + g) * D + d;
     float mx = -INFINITY;
-#pragma unroll 8
+#pragma unroll 16
     for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, __ldcg(lse + sp * G));
     float l = 0.f;
     float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+#pragma unroll 16  // sixteen splits' loads in flight
     for (int sp = 0; sp < nsplit; ++sp) {
       const float4 x = __ldcg(reinterpret_cast<const float4*>(po + (i64)sp * G * D));
       const float w = exp2f(__ldcg(lse + sp * G) - mx);  // every split holds a key: finite

@@ -141,14 +141,21 @@ def _stream_instantiations(
 def _lean_instantiations(
     dtypes: list[str], kvs: tuple[str, ...], dims_groups: list[tuple[int, int]], full: bool
 ) -> set[str]:
-    """lean_decode.cu: every dtype x KV dtype x (head_dim, group) at page 16; `full` adds groups 12
-    and 16 and one-key and 64-key pages."""
+    """lean_decode.cu: every dtype x KV dtype x (head_dim, group) at page 16 without a cluster; in
+    bf16, clusters of 2, 4 and 8 (sm_90's merge; below sm_90 they build as a trap) and the largest
+    groups (whose warps' merge buffers bound the CTA's shared memory); `full` adds groups 12 and 16 to
+    the whole product, and one-key and 64-key pages."""
     pages = (1, 16, 64) if full else (16,)
-    groups = dims_groups + ([(d, g) for d in (64, 128) for g in (12, 16)] if full else [])
-    return {
-        lean_decode_name(ModelShapes(dt, dt if kv == "same" else kv, 0, 0, g * 2, 2, d, d, 0, page))
-        for dt, kv, (d, g), page in itertools.product(dtypes, kvs, groups, pages)
-    }
+    wide = [(d, g) for d in (64, 128) for g in (12, 16)]
+    groups = dims_groups + (wide if full else [])
+
+    def name(dt: str, kv: str, d: int, g: int, page: int, cluster: int = 1) -> str:
+        shapes = ModelShapes(dt, dt if kv == "same" else kv, 0, 0, g * 2, 2, d, d, 0, page)
+        return lean_decode_name(shapes, cluster=cluster)
+
+    out = {name(dt, kv, d, g, page) for dt, kv, (d, g), page in itertools.product(dtypes, kvs, groups, pages)}
+    out |= {name("bfloat16", kv, d, g, 16, cl) for kv in kvs for d, g in dims_groups for cl in (2, 4, 8)}
+    return out | {name("bfloat16", "same", d, g, 16, 8) for d, g in wide}
 
 
 @dataclass(slots=True)

@@ -140,7 +140,7 @@ def test_lean_decode_takes_one_row_steps_over_short_contexts(monkeypatch):
     """Under SGJIT_UNVERIFIED_KERNELS=1 (until its GPU test has run) the selector offers the lean decode
     kernel, never in batch-invariant mode; the op sends it the steps where it measured faster (at most
     8 (row, kv head) pairs: one row of the 8B, two of SmolLM2; a context bound of at most 1024), with a
-    split count of about two CTAs a SM capped by the bound's 64-key runs, and a graph key that names it."""
+    split count that fills one wave capped by the bound's 64-key runs, and a graph key that names it."""
     from types import SimpleNamespace
 
     from sgjit.kernels.cuda.attention import PagedAttention
@@ -156,14 +156,25 @@ def test_lean_decode_takes_one_row_steps_over_short_contexts(monkeypatch):
         KernelSelector().select(PROFILES["H200"], shapes(), invariant)["attention"].tunables["lean_decode"]
         is False
     )
-    lean = SimpleNamespace(profile=PROFILES["H200"], shapes=shapes(), ctas_per_sm=2, min_split_keys=64)
-    lean.splits = LeanDecode.splits.__get__(lean)
-    assert [lean.splits(1, 512), lean.splits(1, 4096), lean.splits(8, 4096), lean.splits(16, 64)] == [
-        8,
-        33,
-        5,
-        1,
-    ]
+
+    def lean_rule(max_cluster: int) -> SimpleNamespace:  # one CTA a SM, as the 8-warp kernel holds
+        lean = SimpleNamespace(
+            profile=PROFILES["H200"],
+            shapes=shapes(),
+            ctas_per_sm=1,
+            min_split_keys=64,
+            max_cluster=max_cluster,
+        )
+        lean.splits, lean.cluster = LeanDecode.splits.__get__(lean), LeanDecode.cluster.__get__(lean)
+        return lean
+
+    # one wave (132 CTAs over the pairs), no more splits than 64-key runs; up to 8 (a cluster) rounded
+    # down to a power of two on sm_90
+    lean = lean_rule(8)
+    steps = [(1, 512), (1, 4096), (8, 4096), (16, 64), (3, 512)]
+    assert [lean.splits(b, ctx) for b, ctx in steps] == [8, 16, 2, 1, 4]
+    assert [lean.cluster(lean.splits(b, ctx)) for b, ctx in steps] == [8, 1, 2, 1, 4]
+    assert [lean_rule(1).splits(b, ctx) for b, ctx in steps] == [8, 16, 2, 1, 5]
     op = _attention_rule(shapes(), t, lean=lean)
     assert [op._leans(rows, 1024) for rows in (1, 2, 16)] == [True, False, False]
     assert not op._leans(1, 2048)

@@ -1,8 +1,8 @@
 """The lean decode kernel (lean_decode.cu) against the reference op (skipped without a GPU); cases
 and oracle as tests/decode_cases.py says. Outputs are allocated on NaN-poisoned memory, so an
-element no CTA wrote fails. Beyond the shapes: split merges by the last CTA (lengths from one key to 32k), the
-per-pair counters back at zero after every call and every graph replay, and a graph captured once
-for a context bound and replayed for other lengths."""
+element no CTA wrote fails. Beyond the shapes: split merges in a cluster (sm_90) and by the last CTA
+(lengths from one key to 32k), the per-pair counters back at zero after every call and every graph
+replay, and a graph captured once for a context bound and replayed for other lengths."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def profile():
     return device_profile(DEV)
 
 
-def _op(profile, cfg):
+def _op(profile, cfg, max_cluster: int = 8):
     from sgjit.kernels.cuda.lean_decode import LeanDecode
 
-    return LeanDecode(profile, shapes_of(cfg))
+    return LeanDecode(profile, shapes_of(cfg), max_cluster=max_cluster)
 
 
 def _run(op, case: AttentionCase) -> torch.Tensor:
@@ -64,17 +64,23 @@ def _batches(rng: random.Random) -> list[tuple[str, list[int]]]:
     ]
 
 
+@pytest.mark.parametrize("max_cluster", [8, 1], ids=["clusters", "global-merge"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=config_id)
-def test_matches_reference(cfg, profile):
-    op = _op(profile, cfg)
+def test_matches_reference(cfg, max_cluster, profile):
+    """On sm_90 the default op merges up to 8 splits in a cluster (one row of 512 keys: 8; 8 rows: 2;
+    4 rows: 4) and more through global memory (one row of 4096 keys: 16); `global-merge` takes the
+    global path for every split count (the only one below sm_90)."""
+    op = _op(profile, cfg, max_cluster)
     rng = random.Random(cfg[2] * 100 + cfg[4])
     for i, (what, lens) in enumerate(_batches(rng)):
         case = make_case(cfg, lens, seed=i)
-        check(_run(op, case), case, f"{what} ({op.splits(len(lens), max(lens))} splits)")
+        splits = op.splits(len(lens), max(lens))
+        check(_run(op, case), case, f"{what} ({splits} splits, cluster {op.cluster(splits)})")
 
 
+@pytest.mark.parametrize("max_cluster", [8, 1], ids=["clusters", "global-merge"])
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
-def test_graph_replay_any_lengths(kv_dtype, profile):
+def test_graph_replay_any_lengths(kv_dtype, max_cluster, profile):
     """Captured once for 4 rows under a 4096-key bound through the attention op's lean kernel (its
     own selection rule takes one row under 1024 keys; the test widens it), replayed for other lengths
     written into the same tensors; the counters stay at zero across replays."""
@@ -85,6 +91,7 @@ def test_graph_replay_any_lengths(kv_dtype, profile):
     shapes = shapes_of(cfg)
     t = KernelSelector().select(profile, shapes, Workload(4, 4096))["attention"].tunables
     op = PagedAttention(profile, shapes, BF16, t["decode_tile"], t["prefill_tile"], 4096, lean_decode=True)
+    op.lean = _op(profile, cfg, max_cluster)
     op._leans = lambda rows, max_kv_len: True
     assert op.decode_launch(4, 4096)[0] == "lean"
     b = 4
@@ -129,18 +136,20 @@ def test_adversarial_queries_and_keys(kv_dtype, profile):
         check(_run(op, case), case, "keys and values at e4m3's maximum")
 
 
+@pytest.mark.parametrize("max_cluster", [8, 1], ids=["clusters", "global-merge"])
 @pytest.mark.parametrize("warps", [4, 8])
-def test_rows_past_the_launch_bound_are_recut(warps, profile):
+def test_rows_past_the_launch_bound_are_recut(warps, max_cluster, profile):
     """An eager call whose metadata bound is below a row's length (the splits' keys come from the
     bound): that row is cut evenly over the grid's splits on the device; rows within it keep the
-    bound's cut. Both warp counts the benchmark sweeps."""
+    bound's cut. Both warp counts the benchmark sweeps, both merges."""
     from sgjit.kernels.cuda.lean_decode import LeanDecode
 
     cfg = (BF16, BF16, 32, 8, 128, 16)
-    op = LeanDecode(profile, shapes_of(cfg), warps=warps)
+    op = LeanDecode(profile, shapes_of(cfg), warps=warps, max_cluster=max_cluster)
     case = make_case(cfg, [4096, 100, 512, 3000], seed=9)
     case.meta.max_kv_len = 512
-    assert op.splits(4, 512) == 8 and op.split_keys(8, 512) == 64
+    splits = op.splits(4, 512)
+    assert splits > 1 and op.split_keys(splits, 512) * splits == 512
     out = _run(op, case)
     case.meta.max_kv_len = 4096  # the reference reads keys up to the metadata's bound
-    check(out, case, f"bound 512, {warps} warps")
+    check(out, case, f"bound 512, {warps} warps, {splits} splits, cluster {op.cluster(splits)}")
