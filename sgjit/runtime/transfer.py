@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sgjit.kernels.cuda.driver import memcpy_2d_async
+from sgjit.kernels.cuda.driver import current_stream_handle, current_torch_stream, memcpy_2d_async
 
 _ALIGN = 64  # bytes: where each tensor of a read-back starts in its buffer
 
@@ -56,8 +56,7 @@ def copy_async(dst: torch.Tensor, src: torch.Tensor) -> None:
             f"copy_async takes rows of contiguous elements, got strides {dst.stride()} <- {src.stride()}"
         )
     if dst.numel():
-        stream = torch.cuda.current_stream().cuda_stream
-        memcpy_2d_async(dst.data_ptr(), d[2], src.data_ptr(), s[2], d[1], d[0], stream)
+        memcpy_2d_async(dst.data_ptr(), d[2], src.data_ptr(), s[2], d[1], d[0], current_stream_handle())
 
 
 class PinnedBuffers:
@@ -98,7 +97,7 @@ class Readback:
                 copy_async(h, t)
                 self.host.append(h)
                 offset += size
-            self.event.record()
+            self.event.record(current_torch_stream())
         else:  # a copy: the next launch overwrites the futures' cells these may be views of
             self.host = [t.clone() for t in tensors]
         self.wait_seconds = 0.0  # how long `wait` blocked: device time, not host work

@@ -8,6 +8,8 @@ import ctypes
 import functools
 from typing import Any
 
+import torch
+
 from sgjit.errors import KernelError
 
 _UNIFIED = 4  # CUmemorytype: an address in the unified space, host (pinned) or device alike
@@ -59,3 +61,22 @@ def memcpy_2d_async(
     err = fn(ctypes.byref(spec), stream)
     if err != 0:
         raise KernelError(f"cuMemcpy2DAsync failed with CUresult {err}")
+
+
+def current_stream_handle() -> int:
+    """torch's current raw stream handle, from torch's C binding (as Triton and Inductor take it):
+    `torch.cuda.current_stream()` resolves the device through eight Python calls, on every call."""
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
+_torch_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def current_torch_stream() -> torch.cuda.Stream:
+    """torch's current stream as its `torch.cuda.Stream` object (for `Event.record`), built once per
+    raw handle."""
+    handle = current_stream_handle()
+    stream = _torch_streams.get(handle)
+    if stream is None:
+        stream = _torch_streams[handle] = torch.cuda.current_stream()
+    return stream

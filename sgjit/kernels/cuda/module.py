@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from sgjit.errors import KernelError
+from sgjit.kernels.cuda.driver import current_stream_handle
 from sgjit.kernels.cuda.pdl import launch_dependent
 from sgjit.kernels.sources import family_source
 from sgjit.nvtx import nvtx_range
@@ -99,15 +100,9 @@ def resident_blocks(kernel: Any, threads: int, smem: int) -> int:
     return _resident[key]
 
 
-def _stream_handle() -> int:
-    """torch's current raw stream handle, from torch's C binding (as Triton and Inductor take it):
-    `torch.cuda.current_stream()` resolves the device through eight Python calls, on every launch."""
-    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-
-
 def current_stream() -> Any:
     """torch's current stream as a CuPy stream (cached per stream handle)."""
-    handle = _stream_handle()
+    handle = current_stream_handle()
     s = _streams.get(handle)
     if s is None:
         s = _streams[handle] = cupy_module().cuda.ExternalStream(handle)
@@ -144,6 +139,6 @@ def launch(
         return
     with nvtx_range(kernel.name if hasattr(kernel, "name") else "sgjit kernel"):
         if pdl and pdl_enabled():
-            launch_dependent(kernel.kernel.ptr, grid, block, smem, _stream_handle(), args)
+            launch_dependent(kernel.kernel.ptr, grid, block, smem, current_stream_handle(), args)
         else:
             kernel(grid, (block,), args, shared_mem=smem, stream=current_stream())
