@@ -29,7 +29,7 @@ def _record(monkeypatch) -> list[dict]:
     spec.src_memory_type = spec.dst_memory_type = driver._UNIFIED
     monkeypatch.setattr(driver, "_memcpy_2d", lambda: (fn, spec))
     monkeypatch.setattr(transfer, "memcpy_2d_async", driver.memcpy_2d_async)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"cuda_stream": 0x5})())
+    monkeypatch.setattr(transfer, "current_stream_handle", lambda: 0x5)
     return seen
 
 
