@@ -142,9 +142,9 @@ def _lean_instantiations(
     dtypes: list[str], kvs: tuple[str, ...], dims_groups: list[tuple[int, int]], full: bool
 ) -> set[str]:
     """lean_decode.cu: every dtype x KV dtype x (head_dim, group) at page 16 without a cluster; in
-    bf16, clusters of 2, 4 and 8 (sm_90's merge; below sm_90 they build as a trap) and the largest
-    groups (whose warps' merge buffers bound the CTA's shared memory); `full` adds groups 12 and 16 to
-    the whole product, and one-key and 64-key pages."""
+    bf16, a cluster of 8 (sm_90's merge; below sm_90 it builds as a trap) and the largest groups (whose
+    warps' merge buffers bound the CTA's shared memory); `full` adds clusters of 2 and 4, groups 12 and
+    16 to the whole product, and one-key and 64-key pages."""
     pages = (1, 16, 64) if full else (16,)
     wide = [(d, g) for d in (64, 128) for g in (12, 16)]
     groups = dims_groups + (wide if full else [])
@@ -153,9 +153,10 @@ def _lean_instantiations(
         shapes = ModelShapes(dt, dt if kv == "same" else kv, 0, 0, g * 2, 2, d, d, 0, page)
         return lean_decode_name(shapes, cluster=cluster)
 
+    clusters = (2, 4, 8) if full else (8,)
     out = {name(dt, kv, d, g, page) for dt, kv, (d, g), page in itertools.product(dtypes, kvs, groups, pages)}
-    out |= {name("bfloat16", kv, d, g, 16, cl) for kv in kvs for d, g in dims_groups for cl in (2, 4, 8)}
-    return out | {name("bfloat16", "same", d, g, 16, 8) for d, g in wide}
+    out |= {name("bfloat16", kv, d, g, 16, cl) for kv in kvs for d, g in dims_groups for cl in clusters}
+    return out | {name("bfloat16", "same", d, g, 16) for d, g in wide}
 
 
 @dataclass(slots=True)
