@@ -1,6 +1,8 @@
 """The CUDA driver library through ctypes, for the few calls neither torch nor CuPy offers:
 `cuLaunchKernelEx` (launch attributes, pdl.py) and a strided copy between host and device in one
-call (`memcpy_2d_async`). Loaded on first use; importing this module needs no GPU."""
+call (`memcpy_2d_async`); and torch's current stream without `torch.cuda.current_stream()`'s Python
+path (`current_stream_handle`, `current_torch_stream`). Loaded on first use; importing this module
+needs no GPU."""
 
 from __future__ import annotations
 
