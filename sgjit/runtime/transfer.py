@@ -59,6 +59,44 @@ def copy_async(dst: torch.Tensor, src: torch.Tensor) -> None:
         memcpy_2d_async(dst.data_ptr(), d[2], src.data_ptr(), s[2], d[1], d[0], current_stream_handle())
 
 
+class CornerCopy:
+    """Copies of the top-left [rows, cols] corner of one 2-D tensor into another's (same dtype, each
+    row contiguous), queued as `copy_async` queues them. Both tensors' pointers and pitches are read
+    once: slicing the corner out of two tensors for each copy costs more host time than the copy's
+    driver call (the decode graphs' loads send three corners a launch)."""
+
+    def __init__(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if (
+            dst.dim() != 2
+            or src.dim() != 2
+            or dst.dtype != src.dtype
+            or dst.stride(1) != 1
+            or src.stride(1) != 1
+        ):
+            raise ValueError(
+                f"CornerCopy takes 2-D tensors of one dtype with contiguous rows, got {tuple(dst.shape)} "
+                f"{dst.dtype} strides {dst.stride()} <- {tuple(src.shape)} {src.dtype} strides {src.stride()}"
+            )
+        self.dst, self.src = dst, src
+        self.rows, self.cols = min(dst.shape[0], src.shape[0]), min(dst.shape[1], src.shape[1])
+        self._itemsize = dst.element_size()
+        self._on_gpu = dst.device.type != "cpu" or src.device.type != "cpu"
+        self._pointers = (
+            dst.data_ptr(), dst.stride(0) * self._itemsize, src.data_ptr(), src.stride(0) * self._itemsize
+        )  # fmt: skip
+
+    def __call__(self, rows: int, cols: int) -> None:
+        if not (0 <= rows <= self.rows and 0 <= cols <= self.cols):
+            raise ValueError(f"a [{rows}, {cols}] corner of [{self.rows}, {self.cols}]")
+        if not self._on_gpu:
+            self.dst[:rows, :cols].copy_(self.src[:rows, :cols])
+        elif rows and cols:
+            dst, dst_pitch, src, src_pitch = self._pointers
+            memcpy_2d_async(
+                dst, dst_pitch, src, src_pitch, cols * self._itemsize, rows, current_stream_handle()
+            )
+
+
 class PinnedBuffers:
     """Pinned host buffers (with an event each) lent to read-backs and given back once read, so a
     launch's read-back allocates nothing. The engine thread owns one."""

@@ -80,6 +80,42 @@ def test_mismatches_and_other_layouts_are_refused(monkeypatch):
         transfer.copy_async(torch.zeros(2, 4, 4).as_subclass(_OnGpu)[:, :2], torch.zeros(2, 2, 4))
 
 
+def test_corner_copies_hand_the_driver_what_copy_async_of_the_slices_does(monkeypatch):
+    """The decode graphs' loads send corners through CornerCopy (pointers read once): the same driver
+    call as `copy_async` of the two sliced corners, for the page table's [bs, width] and the scalars'
+    [9, bs]."""
+    seen = _record(monkeypatch)
+    table = torch.zeros(256, 512, dtype=torch.int32).as_subclass(_OnGpu)
+    host = torch.arange(256 * 512, dtype=torch.int32).view(256, 512)
+    scalars, twin = (
+        torch.zeros(9, 256, dtype=torch.int64).as_subclass(_OnGpu),
+        torch.zeros(9, 256, dtype=torch.int64),
+    )
+    send_table, send_scalars = transfer.CornerCopy(table, host), transfer.CornerCopy(scalars, twin)
+    for bs, width in ((1, 1), (1, 7), (32, 40), (256, 512)):
+        send_table(bs, width)
+        transfer.copy_async(table[:bs, :width], host[:bs, :width])
+        send_scalars(9, bs)
+        transfer.copy_async(scalars[:, :bs], twin[:, :bs])
+    for call in seen:  # a one-row copy's pitches are never read (copy_async names the row's length)
+        if call["height"] == 1:
+            call["src_pitch"] = call["dst_pitch"] = None
+    assert seen[0::2] == seen[1::2] and len(seen) == 16
+    send_table(0, 5)  # an empty corner queues nothing
+    assert len(seen) == 16
+
+
+def test_corner_copies_refuse_other_layouts_and_oversized_corners():
+    dev = torch.zeros(4, 6).as_subclass(_OnGpu)
+    with pytest.raises(ValueError, match="one dtype"):
+        transfer.CornerCopy(dev, torch.zeros(4, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        transfer.CornerCopy(dev, torch.zeros(6, 4).t())
+    copy = transfer.CornerCopy(dev, torch.zeros(3, 8))  # the corner both hold: [3, 6]
+    with pytest.raises(ValueError, match=r"\[4, 2\] corner of \[3, 6\]"):
+        copy(4, 2)
+
+
 def test_driver_errors_raise(monkeypatch):
     from sgjit.errors import KernelError
 
@@ -93,6 +129,9 @@ def test_cpu_copies_and_readback_are_plain_copies():
     dst, src = torch.zeros(3, 8)[:, :4], torch.arange(12.0).view(3, 4)
     transfer.copy_async(dst, src)
     assert torch.equal(dst, src)
+    whole = torch.zeros(3, 8)
+    transfer.CornerCopy(whole, torch.ones(5, 5))(2, 3)
+    assert whole.sum() == 6 and whole[:2, :3].eq(1).all()
     source = torch.arange(6)
     back = transfer.Readback([source], transfer.PinnedBuffers())
     source.zero_()  # the launch after overwrites the cells: the read-back holds its own copy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgjit.runtime.transfer import PinnedBuffers, Readback, copy_async
+from sgjit.runtime.transfer import CornerCopy, PinnedBuffers, Readback, copy_async
 
 pytestmark = pytest.mark.gpu
 
@@ -25,6 +25,16 @@ def test_host_block_into_device_slice(rows, cols):
     expect = torch.full((256, 512), -1, dtype=torch.int32)
     expect[:rows, :cols] = host
     assert torch.equal(table.cpu(), expect)  # nothing outside the block was touched
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(1, 1), (9, 1), (9, 64), (32, 40)])
+def test_corner_copy_into_device_buffer(rows, cols):
+    table = torch.full((256, 512), -1, dtype=torch.int64, device="cuda")
+    host = torch.randint(0, 1 << 40, (300, 600), dtype=torch.int64).pin_memory()
+    CornerCopy(table, host)(rows, cols)
+    expect = torch.full((256, 512), -1, dtype=torch.int64)
+    expect[:rows, :cols] = host[:rows, :cols]
+    assert torch.equal(table.cpu(), expect)
 
 
 def test_readback_of_column_slices_and_buffer_reuse():
