@@ -188,18 +188,14 @@ def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
 # regime (registry.py) come from.
 SMALL_DECODE_STEPS = ((1, 512), (1, 1024), (1, 4096), (8, 512), (8, 4096))
 SMALL_DECODE_SPLITS = (1, 2, 4, 8, 16, 32)
-# (warps, CTAs a SM (None: the occupancy calculator's), least keys a split, largest cluster (1: none),
-# CTAs a SM the registers are capped for)
-LEAN_SWEEP = (
-    (8, None, 64, 8, 1), (8, None, 64, 1, 1), (4, None, 64, 8, 1), (8, None, 128, 8, 1), (8, 2, 64, 1, 1),
-    (8, None, 64, 8, 2), (8, None, 64, 1, 2),
-)  # fmt: skip
+# (warps, CTAs a SM (None: the occupancy calculator's), least keys a split, largest cluster (1: none))
+LEAN_SWEEP = ((8, None, 64, 8), (8, None, 64, 1), (4, None, 64, 8), (8, None, 128, 8), (8, 2, 64, 1))
 
 
 def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Small decode steps (fewer CTAs than SMs before any split): every mma.sync decode tile at
     several split counts, merge included, and the lean decode kernel at the LEAN_SWEEP launch shapes
-    (`lean wW cC kK clL mM sS`: S the splits it took), as CUDA-graph replays, beside torch SDPA (GQA)."""
+    (`lean wW cC kK clL sS`: S the splits it took), as CUDA-graph replays, beside torch SDPA (GQA)."""
     from sgjit.kernels.cuda.attention import PagedAttention
     from sgjit.kernels.cuda.lean_decode import LeanDecode
 
@@ -213,14 +209,11 @@ def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[s
             times[f"{tile.name}/splits{splits}"] = 1e6 * _graph_seconds(
                 lambda op=op, c=case: op(c.q, c.kv, c.meta, SCALE)
             )
-        for warps, per_sm, least, cluster, min_blocks in LEAN_SWEEP:
+        for warps, per_sm, least, cluster in LEAN_SWEEP:
             lean = LeanDecode(
-                profile, _shapes(), warps=warps, ctas_per_sm=per_sm, min_split_keys=least, max_cluster=cluster,
-                min_blocks=min_blocks,
-            )  # fmt: skip
-            label = (
-                f"lean w{warps} c{per_sm or 'occ'} k{least} cl{cluster} m{min_blocks} s{lean.splits(b, ctx)}"
+                profile, _shapes(), warps=warps, ctas_per_sm=per_sm, min_split_keys=least, max_cluster=cluster
             )
+            label = f"lean w{warps} c{per_sm or 'occ'} k{least} cl{cluster} s{lean.splits(b, ctx)}"
             times[label] = 1e6 * _graph_seconds(lambda op=lean, c=case: op(c.q, c.kv, c.meta, SCALE))
         times["sdpa_gqa"] = 1e6 * _sdpa_seconds(b, ctx, case.q)["sdpa_gqa"]
         out[f"B={b} ctx={ctx}"] = times

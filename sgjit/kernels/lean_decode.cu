@@ -130,10 +130,8 @@ __host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 *
 
 }  // namespace sgjit
 
-// MINB: CTAs a SM the registers are capped for (__launch_bounds__' second argument; 2 caps an 8-warp CTA
-// at 128 registers a thread, where the uncapped bf16 build takes ~184 and one CTA fills a SM).
-template <typename T, typename KVT, int D, int G, int PAGE, int WARPS, int KPW, int CL, int MINB>
-__global__ void __launch_bounds__(32 * WARPS, MINB) LEAN_CLUSTER_DIMS(CL)
+template <typename T, typename KVT, int D, int G, int PAGE, int WARPS, int KPW, int CL>
+__global__ void __launch_bounds__(32 * WARPS) LEAN_CLUSTER_DIMS(CL)
     lean_decode_kernel(const T* __restrict__ q, i64 q_stride, const KVT* __restrict__ k_cache,
                        const KVT* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
                        const int* __restrict__ kv_lens, int hkv, int split_keys, T* __restrict__ out,

@@ -49,13 +49,12 @@ def fitting_warps(shapes: ModelShapes, warps: int = WARPS) -> int:
     return warps
 
 
-def lean_decode_name(shapes: ModelShapes, warps: int = WARPS, cluster: int = 1, min_blocks: int = 1) -> str:
-    """`cluster`: splits a thread-block cluster (sm_90 only), 1 for none; `min_blocks`: CTAs a SM the
-    registers are capped for (ptxas spills past the cap)."""
+def lean_decode_name(shapes: ModelShapes, warps: int = WARPS, cluster: int = 1) -> str:
+    """`cluster`: splits a thread-block cluster (sm_90 only), 1 for none."""
     warps = fitting_warps(shapes, warps)
     return (
         f"lean_decode_kernel<{CPP_TYPES[shapes.dtype]}, {CPP_TYPES[shapes.kv_dtype]}, {shapes.head_dim}, "
-        f"{shapes.group}, {shapes.page_size}, {warps}, {keys_per_warp(shapes.group)}, {cluster}, {min_blocks}>"
+        f"{shapes.group}, {shapes.page_size}, {warps}, {keys_per_warp(shapes.group)}, {cluster}>"
     )
 
 
@@ -69,13 +68,11 @@ class LeanDecode:
         ctas_per_sm: int | None = None,
         min_split_keys: int = MIN_SPLIT_KEYS,
         max_cluster: int = MAX_CLUSTER,
-        min_blocks: int = 1,
     ) -> None:
         """`warps`, `ctas_per_sm` (None: as many as the SM holds), `min_split_keys`, `max_cluster` (1:
-        no clusters), `min_blocks` (the register cap): the launch's shape (benchmark sweeps set them)."""
+        no clusters): the launch's shape (benchmark sweeps set them)."""
         self.profile, self.shapes = profile, shapes
         self.warps = fitting_warps(shapes, warps)
-        self.min_blocks = min_blocks
         self.min_split_keys = min_split_keys
         self.max_cluster = max_cluster if tuple(profile.compute_capability) >= (9, 0) else 1
         self._kernels = {1: self._compile(1)}
@@ -83,7 +80,7 @@ class LeanDecode:
         self.counters = torch.zeros(MAX_PAIRS, dtype=torch.int32, device=device)
 
     def _compile(self, cluster: int):
-        name = lean_decode_name(self.shapes, self.warps, cluster, self.min_blocks)
+        name = lean_decode_name(self.shapes, self.warps, cluster)
         return compile_kernels("lean_decode", [name])[name]
 
     def kernel(self, cluster: int):
