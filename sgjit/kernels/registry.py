@@ -160,10 +160,13 @@ STREAM_HEAD_DIMS = frozenset({64, 128})
 # what its lanes' layout takes.
 LEAN_HEAD_DIMS = frozenset({64, 128})  # 2 or 4 dims a lane
 LEAN_MAX_GROUP = 16  # query heads a kv head (registers)
-# Where it is faster than the mma.sync kernel and its merge (H100): one row of the 8B's 8 kv heads
-# under a 512-1024 key bound; at 64 pairs or a 4096-key bound it is slower (docs/performance.md).
-LEAN_MAX_PAIRS = 8
-LEAN_MAX_CONTEXT = 1024
+# Where it measured faster than the op's other decode kernels (H100, 2026-12-06, docs/performance.md):
+# its cost grows with the keys a CTA walks, so the bound is on (row, kv head) pairs x the context
+# bound. 8 pairs (one row of the 8B) at 512 / 1024 / 4096 keys: 6.4 / 7.6 / 13.7 us, the mma.sync
+# kernel at its best split count 10.9 / 11.8 / 14.9; 64 pairs at 512 keys: 12.7 against the op's
+# streaming kernel's 13.7 (mma.sync at one split: 11.8); 64 pairs at 4096 keys: 133 against 57.
+LEAN_MAX_PAIRS = 64
+LEAN_MAX_KEYS = 8 * 4096
 
 # MW=2 halves the shared-memory reads per FLOP (each warp reuses a K/V fragment for 32 rows) at the
 # price of ~250 registers a thread.

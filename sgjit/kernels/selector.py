@@ -25,8 +25,8 @@ from sgjit.kernels.registry import (
     FUSED_ROW_CHOICES,
     HALF_DTYPES,
     LEAN_HEAD_DIMS,
-    LEAN_MAX_CONTEXT,
     LEAN_MAX_GROUP,
+    LEAN_MAX_KEYS,
     LEAN_MAX_PAIRS,
     MEGAKERNEL_ROW_CHOICES,
     REFERENCE,
@@ -121,14 +121,9 @@ def _lean_decode(shapes: ModelShapes, workload: Workload) -> tuple[bool, str]:
         return False, "batch-invariant: no lean decode (its splits follow the row's length)"
     if shapes.head_dim not in LEAN_HEAD_DIMS or shapes.group > LEAN_MAX_GROUP:
         return False, f"no lean decode for head_dim {shapes.head_dim}, group {shapes.group}"
-    if not env().unverified_kernels:
-        return False, (
-            "lean decode not yet run on a GPU (tests/kernels/test_lean_decode_gpu.py); "
-            "SGJIT_UNVERIFIED_KERNELS=1 offers it"
-        )
     return True, (
-        f"steps of <= {LEAN_MAX_PAIRS} (row, kv head) pairs under a <= {LEAN_MAX_CONTEXT}-key bound decode on "
-        "the lean kernel"
+        f"steps of <= {LEAN_MAX_PAIRS} (row, kv head) pairs with pairs x context bound <= {LEAN_MAX_KEYS} "
+        "decode on the lean kernel"
     )
 
 

@@ -136,19 +136,16 @@ def test_fp8_pools_leave_the_smallest_steps_to_the_small_tile():
     assert PagedAttention.decode_launch(op, 9, 8192) == ("stream", 132)
 
 
-def test_lean_decode_takes_one_row_steps_over_short_contexts(monkeypatch):
-    """Under SGJIT_UNVERIFIED_KERNELS=1 (until its GPU test has run) the selector offers the lean decode
-    kernel, never in batch-invariant mode; the op sends it the steps where it measured faster (at most
-    8 (row, kv head) pairs: one row of the 8B, two of SmolLM2; a context bound of at most 1024), with a
-    split count that fills one wave capped by the bound's 64-key runs, and a graph key that names it."""
+def test_lean_decode_takes_the_small_steps_over_short_contexts():
+    """The selector offers the lean decode kernel (never in batch-invariant mode); the op sends it the
+    steps where it measured faster: at most 64 (row, kv head) pairs and at most 8 x 4096 pairs x context
+    bound (one row of the 8B up to 4096 keys, 8 rows at 512), with a split count that fills one wave
+    capped by the bound's 64-key runs, and a graph key that names it."""
     from types import SimpleNamespace
 
     from sgjit.kernels.cuda.attention import PagedAttention
     from sgjit.kernels.cuda.lean_decode import LeanDecode
 
-    monkeypatch.delenv("SGJIT_UNVERIFIED_KERNELS", raising=False)
-    assert KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables["lean_decode"] is False
-    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
     t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
     assert t["lean_decode"] is True
     invariant = Workload(64, 4096, batch_invariant=True)
@@ -176,11 +173,12 @@ def test_lean_decode_takes_one_row_steps_over_short_contexts(monkeypatch):
     assert [lean.cluster(lean.splits(b, ctx)) for b, ctx in steps] == [8, 1, 2, 1, 4]
     assert [lean_rule(1).splits(b, ctx) for b, ctx in steps] == [8, 16, 2, 1, 5]
     op = _attention_rule(shapes(), t, lean=lean)
-    assert [op._leans(rows, 1024) for rows in (1, 2, 16)] == [True, False, False]
-    assert not op._leans(1, 2048)
+    assert [op._leans(rows, 1024) for rows in (1, 2, 4, 8)] == [True, True, True, False]
+    assert [op._leans(rows, 512) for rows in (1, 8, 9)] == [True, True, False]
+    assert op._leans(1, 4096) and not op._leans(1, 8192) and not op._leans(2, 4096)
     assert PagedAttention.decode_launch(op, 1, 512) == ("lean", 8)
-    assert PagedAttention.decode_launch(op, 1, 4096)[0] != "lean"
-    assert PagedAttention.decode_launch(op, 2, 512)[0] != "lean"
+    assert PagedAttention.decode_launch(op, 1, 4096) == ("lean", 16)
+    assert PagedAttention.decode_launch(op, 8, 4096)[0] != "lean"
 
 
 def test_dependent_launch_for_small_layers_on_hopper():

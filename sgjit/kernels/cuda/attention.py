@@ -26,7 +26,7 @@ from sgjit.kernels.cuda.decode import StreamDecode
 from sgjit.kernels.cuda.lean_decode import LeanDecode
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
-from sgjit.kernels.registry import LEAN_MAX_CONTEXT, LEAN_MAX_PAIRS, AttnTile, Sm90Tile, StreamTile
+from sgjit.kernels.registry import LEAN_MAX_KEYS, LEAN_MAX_PAIRS, AttnTile, Sm90Tile, StreamTile
 from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
@@ -84,8 +84,8 @@ class PagedAttention:
         captured graphs (pdl.py; the selector's `dependent_launch`). `small_decode_tile`: the mma.sync
         decode tile of steps whose rows x kv heads give fewer CTAs than the device has SMs before
         any split (`decode_tile` serves the larger ones). `lean_decode`: steps of at most
-        registry.LEAN_MAX_PAIRS (row, kv head) pairs under a context bound of at most LEAN_MAX_CONTEXT
-        keys run on lean_decode.cu instead (one launch, splits merged in it)."""
+        registry.LEAN_MAX_PAIRS (row, kv head) pairs whose pairs x context bound is at most
+        LEAN_MAX_KEYS run on lean_decode.cu instead (one launch, splits merged in it)."""
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
         self.pdl = pdl
         self.decode_tile, self.prefill_tile = decode_tile, prefill_tile
@@ -135,12 +135,9 @@ class PagedAttention:
     def _leans(self, rows: int, max_kv_len: int) -> bool:
         """Whether a decode step of `rows` rows under a context bound runs on lean_decode.cu: the
         latency-bound steps of a few (row, kv head) pairs over short contexts, where it measured faster
-        (registry.LEAN_MAX_PAIRS, LEAN_MAX_CONTEXT)."""
-        return (
-            self.lean is not None
-            and rows * self.shapes.num_kv_heads <= LEAN_MAX_PAIRS
-            and max_kv_len <= LEAN_MAX_CONTEXT
-        )
+        (registry.LEAN_MAX_PAIRS, LEAN_MAX_KEYS: pairs x the bound)."""
+        pairs = rows * self.shapes.num_kv_heads
+        return self.lean is not None and pairs <= LEAN_MAX_PAIRS and pairs * max_kv_len <= LEAN_MAX_KEYS
 
     def _small_ctas(self, rows: int) -> int | None:
         """CTAs of a `rows`-row decode step on the small-step tile before any key split (None: no
