@@ -7,9 +7,9 @@ then runs them between cudaProfilerStart/Stop with an NVTX range per case, so th
 that part: Nsight Compute (`ncu`) one launch of each decode and prefill kernel with the full section
 set, Nsight Systems (when `nsys` is installed) a timeline of a few repeats. A short summary is read
 back from the reports: time, DRAM GB/s, the case's own rate (K/V GB/s or TFLOP/s), tensor-pipe and
-shared-memory utilisation, registers, occupancy. A tool that is missing, fails (no permission for
-the performance counters, say) or overruns its time limit is noted in the summary; the rest still
-runs.
+shared-memory utilisation, registers, occupancy, the leading warp stall reasons. A tool that is
+missing, fails (no permission for the performance counters, say) or overruns its time limit is noted
+in the summary; the rest still runs.
 
 Files under DIR: workload.json (what each case moves or computes), kernels.nsys-rep and
 nsys_kernels.csv (timeline, per-kernel totals), kernels.ncu-rep (open in ncu-ui) and ncu_raw.csv
@@ -60,6 +60,10 @@ NCU_METRICS = {
     "grid": "launch__grid_size",
     "block": "launch__block_size",
 }
+# Warp stall reasons (ncu's Warp State section): warps stalled for the reason per instruction issued,
+# one metric a reason ("selected" is the issuing warp itself: 1 per issue).
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+TOP_STALLS = 6
 _SCALE = {
     "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # -> us
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,  # -> bytes
@@ -227,6 +231,14 @@ def _ncu_kernel(row: dict[str, tuple[str, str]], case: str, work: dict[str, floa
                 k[key] = float(value.replace(",", "")) * _SCALE.get(unit, 1.0)
             except ValueError:
                 k[key] = value
+    stalls = {}
+    for metric, (value, _) in row.items():
+        if metric.startswith(STALL_PREFIX) and metric.endswith(STALL_SUFFIX):
+            try:
+                stalls[metric[len(STALL_PREFIX) : -len(STALL_SUFFIX)]] = float(value.replace(",", ""))
+            except ValueError:
+                continue
+    k["stalls"] = dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS])
     t = k.get("time_us")
     if t and "dram_read" in k:
         k["dram_gbps"] = (k["dram_read"] + k.get("dram_write", 0.0)) / t / 1e3
@@ -300,6 +312,11 @@ def summary_text(result: dict[str, Any]) -> str:
                 f"/{_fmt(k.get('occupancy_theoretical_pct'), 1)} | {_fmt(k.get('grid'))} x {_fmt(k.get('block'))}, "
                 f"{_fmt(k.get('smem_per_block'))} B"
             )
+            if k.get("stalls"):
+                lines.append(
+                    "      stalls (warps a issued instruction): "
+                    + ", ".join(f"{reason} {v:.2f}" for reason, v in k["stalls"].items())
+                )
     else:
         lines.append(f"ncu: {ncu['note']}" + (f"\n{ncu['tail']}" if ncu.get("tail") else ""))
     nsys = result["nsys"]

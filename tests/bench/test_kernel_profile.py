@@ -1,0 +1,54 @@
+"""kernel_profile's reading of an Nsight Compute raw page (no GPU, no ncu): units scaled, the case's own
+rate, and the warp stall reasons a summary names first."""
+
+from __future__ import annotations
+
+from sgjit.bench import kernel_profile as kp
+
+# What `ncu --import R --csv --page raw` prints: a header, a row of units (first cell empty), a launch a row.
+RAW = """==PROF== some banner line
+"ID","Kernel Name","gpu__time_duration.sum","launch__registers_per_thread","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","smsp__average_warps_issue_stalled_selected_per_issue_active.ratio","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio","smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio","smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio","smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio"
+"","","usecond","register/thread","ratio","ratio","ratio","ratio","ratio","ratio","ratio","ratio"
+"0","void attention_sm90_kernel<__nv_bfloat16, 128>(const T1 *, int)","1,402.1","168","2.31","0.12","1.00","0.87","0.64","n/a","0.05","0.01"
+"""
+
+
+def test_raw_page_gives_time_rate_and_the_leading_stalls():
+    (row,) = kp._csv_rows(RAW, '"ID"', units_row=True)
+    flops = 4 * 4096**2 * 32 * 128 / 2
+    k = kp._ncu_kernel(row, "prefill bf16", {"flops": flops})
+    assert k["name"] == "attention_sm90_kernel<__nv_bfloat16, 128>"
+    assert k["time_us"] == 1402.1 and k["regs"] == 168.0  # a thousands separator read
+    assert abs(k["tflops"] - flops / 1402.1e-6 / 1e12) < 1e-6
+    # largest first, at most TOP_STALLS (tex_throttle, the seventh, left out), a value that is not a number
+    # left out
+    assert list(k["stalls"]) == [
+        "barrier",
+        "selected",
+        "wait",
+        "math_pipe_throttle",
+        "long_scoreboard",
+        "dispatch_stall",
+    ]
+    assert k["stalls"]["math_pipe_throttle"] == 0.64 and "sleeping" not in k["stalls"]
+    text = kp.summary_text(
+        {
+            "dir": "/tmp/p",
+            "gpu": "H100",
+            "ncu": {"ok": True, "kernels": [k]},
+            "nsys": {"ok": False, "note": "no nsys"},
+        }
+    )
+    assert "prefill bf16 | attention_sm90_kernel" in text
+    assert "stalls (warps a issued instruction): barrier 2.31, selected 1.00, wait 0.87" in text
+
+
+def test_a_launch_without_stall_metrics_has_no_stall_line():
+    raw = '"ID","Kernel Name","gpu__time_duration.sum"\n"","","nsecond"\n"0","merge_splits_kernel<float>(int)","5300"\n'
+    (row,) = kp._csv_rows(raw, '"ID"', units_row=True)
+    k = kp._ncu_kernel(row, "decode bf16", {"bytes": 1e6})
+    assert k["time_us"] == 5.3 and k["stalls"] == {} and "kv_gbps" not in k  # a merge gets no case rate
+    text = kp.summary_text(
+        {"dir": "d", "gpu": "g", "ncu": {"ok": True, "kernels": [k]}, "nsys": {"ok": False, "note": "-"}}
+    )
+    assert "stalls" not in text
