@@ -231,6 +231,8 @@ def _ncu_kernel(row: dict[str, tuple[str, str]], case: str, work: dict[str, floa
                 k[key] = float(value.replace(",", "")) * _SCALE.get(unit, 1.0)
             except ValueError:
                 k[key] = value
+            if unit and unit not in _SCALE:  # a unit this table does not convert stays beside its value
+                k[f"{key}_unit"] = unit
     stalls = {}
     for metric, (value, _) in row.items():
         if metric.startswith(STALL_PREFIX) and metric.endswith(STALL_SUFFIX):
@@ -310,7 +312,7 @@ def summary_text(result: dict[str, Any]) -> str:
                 f"{_fmt(k.get('dram_gbps'))} ({_fmt(k.get('dram_pct_peak'))}) | {rate} | {_fmt(tensor, 1)} | {_fmt(k.get('issue_pct'), 1)} | "
                 f"{_fmt(k.get('smem_pct'), 1)} | {_fmt(k.get('regs'))} | {_fmt(k.get('occupancy_achieved_pct'), 1)}"
                 f"/{_fmt(k.get('occupancy_theoretical_pct'), 1)} | {_fmt(k.get('grid'))} x {_fmt(k.get('block'))}, "
-                f"{_fmt(k.get('smem_per_block'))} B"
+                f"{_fmt(k.get('smem_per_block'))} {k.get('smem_per_block_unit', 'B')}"
             )
             if k.get("stalls"):
                 lines.append(

@@ -7,9 +7,9 @@ from sgjit.bench import kernel_profile as kp
 
 # What `ncu --import R --csv --page raw` prints: a header, a row of units (first cell empty), a launch a row.
 RAW = """==PROF== some banner line
-"ID","Kernel Name","gpu__time_duration.sum","launch__registers_per_thread","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","smsp__average_warps_issue_stalled_selected_per_issue_active.ratio","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio","smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio","smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio","smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio"
-"","","usecond","register/thread","ratio","ratio","ratio","ratio","ratio","ratio","ratio","ratio"
-"0","void attention_sm90_kernel<__nv_bfloat16, 128>(const T1 *, int)","1,402.1","168","2.31","0.12","1.00","0.87","0.64","n/a","0.05","0.01"
+"ID","Kernel Name","gpu__time_duration.sum","launch__registers_per_thread","launch__shared_mem_per_block_dynamic","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","smsp__average_warps_issue_stalled_selected_per_issue_active.ratio","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio","smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio","smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio","smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio"
+"","","usecond","register/thread","Kibyte","ratio","ratio","ratio","ratio","ratio","ratio","ratio","ratio"
+"0","void attention_sm90_kernel<__nv_bfloat16, 128>(const T1 *, int)","1,402.1","168","164.86","2.31","0.12","1.00","0.87","0.64","n/a","0.05","0.01"
 """
 
 
@@ -40,6 +40,7 @@ def test_raw_page_gives_time_rate_and_the_leading_stalls():
         }
     )
     assert "prefill bf16 | attention_sm90_kernel" in text
+    assert "165 Kibyte" in text  # a unit the table does not convert is printed as given
     assert "stalls (warps a issued instruction): barrier 2.31, selected 1.00, wait 0.87" in text
 
 
