@@ -7,8 +7,9 @@ behind an event that the host waits on only when it needs them.
 
 The decode path's copies are the engine thread's host time per step, so they cost one driver call
 each: `copy_async` moves a strided [rows, cols] block in one `cuMemcpy2DAsync` (torch would stage a
-strided copy through a temporary and a kernel), and read-backs land in pinned buffers that are
-reused (`PinnedBuffers`; a pinned allocation costs tens of microseconds)."""
+strided copy through a temporary and a kernel), `CornerCopy` does the same for the corner of a buffer
+pair it read the pointers of once (the decode graphs' input loads), and read-backs land in pinned
+buffers that are reused (`PinnedBuffers`; a pinned allocation costs tens of microseconds)."""
 
 from __future__ import annotations
 
