@@ -164,7 +164,8 @@ LEAN_MAX_GROUP = 16  # query heads a kv head (registers)
 # its cost grows with the keys a CTA walks, so the bound is on (row, kv head) pairs x the context
 # bound. 8 pairs (one row of the 8B) at 512 / 1024 / 4096 keys: 6.4 / 7.6 / 13.7 us, the mma.sync
 # kernel at its best split count 10.9 / 11.8 / 14.9; 64 pairs at 512 keys: 12.7 against the op's
-# streaming kernel's 13.7 (mma.sync at one split: 11.8); 64 pairs at 4096 keys: 133 against 57.
+# streaming kernel's 13.7 (mma.sync at one split: 11.8); 64 pairs at 4096 keys: 133 against 57. The
+# steps between (16 pairs at 2048 keys, 32 at 1024) are admitted by the same product, not measured.
 LEAN_MAX_PAIRS = 64
 LEAN_MAX_KEYS = 8 * 4096
 
