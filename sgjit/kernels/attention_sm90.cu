@@ -267,13 +267,17 @@ __device__ __forceinline__ void release(u32 bar, int lane) {
 }
 
 // S (64 x BN, the accumulator layout) = the warpgroup's 64 Q rows x the K tile, both from shared.
+// The descriptors of a tile's k16 steps differ from its first only in the start address (bits 0-13,
+// in 16-byte units), and shared addresses stay under 2^18 bytes: a step's descriptor is the first
+// plus a constant, with no carry out of the field (one add, not the masks and shifts of sw128_desc).
 template <typename T, int D, int BN>
 __device__ __forceinline__ void issue_qk(float* sacc, u32 q_rows, u32 sk) {
+  const u64 da0 = sw128_desc(q_rows, 16, 1024), db0 = sw128_desc(sk, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const u32 koff = (kk % 4) * 32u;  // k16 step within a 128-byte row: 32 bytes
-    const u64 da = sw128_desc(q_rows + (kk / 4) * (128 * 128) + koff, 16, 1024);
-    const u64 db = sw128_desc(sk + (kk / 4) * (BN * 128) + koff, 16, 1024);
+    const u64 da = da0 + (((kk / 4) * (128 * 128) + koff) >> 4);
+    const u64 db = db0 + (((kk / 4) * (BN * 128) + koff) >> 4);
     wgmma_ss<T, BN>(sacc, da, db, kk > 0);
   }
 }
@@ -281,57 +285,86 @@ __device__ __forceinline__ void issue_qk(float* sacc, u32 q_rows, u32 sk) {
 // O += P V: P from registers (k16 step j = the n8 blocks 2j, 2j+1 of S), V from shared.
 template <typename T, int D, int BN>
 __device__ __forceinline__ void issue_pv(float* o, const u32 (*p)[4], u32 sv) {
+  // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
+  const u64 db0 = sw128_desc(sv, BN * 128, 1024);
 #pragma unroll
-  for (int j = 0; j < BN / 16; ++j) {
-    // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
-    wgmma_rs<T, D>(o, p[j], sw128_desc(sv + j * 2048, BN * 128, 1024), 1);
-  }
+  for (int j = 0; j < BN / 16; ++j) wgmma_rs<T, D>(o, p[j], db0 + ((j * 2048) >> 4), 1);
 }
 
-// Masks a tile's scores (keys past kv_end, or past the row's query position), folds them into the
-// running max and sum (log2 domain, scaled), and leaves the probabilities in sacc; corr is the
-// factor the running output must be scaled by before this tile's P V is added.
-template <int BN>
-__device__ __forceinline__ void online_softmax(float* sacc, float* m_run, float* l_run, float* corr,
-                                               bool need_mask, int tile0, int kv_end, const int* qpos,
-                                               int lane, float scale_log2) {
+// How far (log2 units) a tile's max may pass the running max before the running max moves. Below
+// it the old max stays: the tile's probabilities reach at most 2^8 (exact in T and in the float
+// sums), corr is exactly 1, and the output, normalised by the sum taken against the same max, is
+// unchanged; O's rescale is then skipped where no row of the warp moved (rescale_if_moved).
+constexpr float MAX_SLACK_LOG2 = 8.f;
+
+// Masks a tile's scores (MASK: keys past kv_end, or past the row's query position), folds them into
+// the running max and sum (log2 domain, scaled), and leaves the probabilities in sacc; corr is the
+// factor the running output must be scaled by before this tile's P V is added. The max and the sum
+// run as four independent chains each (a serial chain of 64 adds is latency the warp waits out).
+template <int BN, bool MASK>
+__device__ __forceinline__ void softmax_tile(float* sacc, float* m_run, float* l_run, float* corr, int tile0,
+                                             int kv_end, const int* qpos, int lane, float scale_log2) {
+  constexpr int CHAINS = 4;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float mx = -INFINITY;
+    float mxs[CHAINS];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) mxs[c] = -INFINITY;
 #pragma unroll
     for (int nb = 0; nb < BN / 8; ++nb) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float x = sacc[nb * 4 + hf * 2 + e];
-        if (need_mask) {
+        if (MASK) {
           const int j = tile0 + nb * 8 + 2 * (lane % 4) + e;
           if (j >= kv_end || j > qpos[hf]) x = -INFINITY;
         }
         sacc[nb * 4 + hf * 2 + e] = x;
-        mx = fmaxf(mx, x);
+        mxs[(2 * nb + e) % CHAINS] = fmaxf(mxs[(2 * nb + e) % CHAINS], x);
       }
     }
+    float mx = fmaxf(fmaxf(mxs[0], mxs[1]), fmaxf(mxs[2], mxs[3]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run[hf], mx * scale_log2);  // scale_log2 > 0: the max commutes
+    const float m_tile = mx * scale_log2;  // scale_log2 > 0: the max commutes
+    // -inf + slack is -inf: the first tile with a finite score always sets the max.
+    const float m_new = m_tile > m_run[hf] + MAX_SLACK_LOG2 ? m_tile : m_run[hf];
     const float mb = m_new == -INFINITY ? 0.f : m_new;
-    corr[hf] = fast_exp2(m_run[hf] - mb);
-    float rs = 0.f;
+    corr[hf] = m_new == m_run[hf] ? 1.f : fast_exp2(m_run[hf] - mb);
+    float rss[CHAINS] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nb = 0; nb < BN / 8; ++nb) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float p = fast_exp2(fmaf(sacc[nb * 4 + hf * 2 + e], scale_log2, -mb));
         sacc[nb * 4 + hf * 2 + e] = p;
-        rs += p;
+        rss[(2 * nb + e) % CHAINS] += p;
       }
     }
-    l_run[hf] = l_run[hf] * corr[hf] + rs;
+    l_run[hf] = l_run[hf] * corr[hf] + ((rss[0] + rss[1]) + (rss[2] + rss[3]));
     m_run[hf] = m_new;
   }
 }
 
-template <int D> __device__ __forceinline__ void rescale(float* o, const float* corr) {
+// The masked body only where a tile needs it (the last tiles of a causal row, a row's partial last
+// tile): ptxas turns a runtime mask test inside one body into predicated compares and selects on
+// every score of every tile, a third of the consumers' instructions in the main loop. need_mask
+// is the same for the whole warpgroup, so the branch does not diverge.
+template <int BN>
+__device__ __forceinline__ void online_softmax(float* sacc, float* m_run, float* l_run, float* corr,
+                                               bool need_mask, int tile0, int kv_end, const int* qpos,
+                                               int lane, float scale_log2) {
+  if (need_mask) {
+    softmax_tile<BN, true>(sacc, m_run, l_run, corr, tile0, kv_end, qpos, lane, scale_log2);
+  } else {
+    softmax_tile<BN, false>(sacc, m_run, l_run, corr, tile0, kv_end, qpos, lane, scale_log2);
+  }
+}
+
+// O *= corr by row, skipped where no row of the warp moved its max (the usual case past the first
+// tiles, MAX_SLACK_LOG2): the vote keeps the branch uniform, so the warp saves the D / 2 multiplies.
+template <int D> __device__ __forceinline__ void rescale_if_moved(float* o, const float* corr) {
+  if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i % 4) / 2];
 }
@@ -611,7 +644,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         wgmma_wait<0>();
         pin<BN / 2>(sacc);
         online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
-        rescale<D>(o, corr);
+        rescale_if_moved<D>(o, corr);
         pack_p<T, BN>(p, sacc);
         mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
         if (!TMA) fence_proxy_async();
@@ -668,7 +701,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       wgmma_wait<0>();
       pin<D / 2>(o);
       release(empty_v(sp), lane);
-      rescale<D>(o, corr);
+      rescale_if_moved<D>(o, corr);
       pack_p<T, BN>(p, sacc);
     }
     if (num_tiles > 0) {
