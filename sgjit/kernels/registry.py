@@ -252,7 +252,10 @@ class Sm90Tile:
 SM90_CC = (9, 0)
 SM90_HEAD_DIMS = frozenset({64, 128})
 # Preference order: 128-key tiles (half the softmax rounds a key) with the deepest ring that fits.
-SM90_GEOMETRIES = ((128, 2), (64, 3), (64, 4), (128, 3))
+# Three stages (225 KB at head_dim 128) against two, same runs on the H100 (bench.kernels --only
+# prefill, 2026-12-07): 4283 vs 4494 us at T=16384, 1968 vs 2105 over a 12k paged prefix, 312 vs 307
+# at T=4096 (the earlier tree: 4368 vs 4379, 1920 vs 2051, 315 vs 316).
+SM90_GEOMETRIES = ((128, 3), (128, 2), (64, 3), (64, 4))
 # The schedules the selector takes, in order of preference: the TMA producer under the overlapped
 # ping-pong consumers (H100: 0.78x / 0.71x SDPA at T=4096 / 16384, 18-20% faster than the cp.async
 # producer; harness 111/111, tests/kernels/test_attention_sm90_gpu.py 80/80), and where pages are too

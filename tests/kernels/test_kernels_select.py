@@ -367,7 +367,7 @@ def test_sm90_prefill_only_on_hopper_for_16bit_pools():
     for device in ("H200", "H100-SXM5-80GB"):
         ks = KernelSelector().select(PROFILES[device], shapes())
         t = ks["attention"].tunables
-        assert t["prefill_sm90"].name == "sm90b128s2opt" and "sm90b128s2opt" in ks["attention"].reason
+        assert t["prefill_sm90"].name == "sm90b128s3opt" and "sm90b128s3opt" in ks["attention"].reason
         assert t["prefill_sm90"].fits(PROFILES[device], 128) and t["decode_tile"].name == "m1x1n2b32s2"
     for device in ("A100-SXM4-80GB", "L4", "RTX-4090"):
         assert "prefill_sm90" not in KernelSelector().select(PROFILES[device], shapes())["attention"].tunables
@@ -397,12 +397,12 @@ def test_sm90_prefill_takes_tma_under_the_overlapped_ping_pong_consumers():
     for device in ("H200", "H100-SXM5-80GB"):
         attn = KernelSelector().select(PROFILES[device], shapes())["attention"]
         tile = attn.tunables["prefill_sm90"]
-        assert (tile.bn, tile.stages, tile.schedule) == (128, 2, consumers | SM90_TMA)
-        assert tile.name == "sm90b128s2opt" and tile.name in attn.reason
+        assert (tile.bn, tile.stages, tile.schedule) == (128, 3, consumers | SM90_TMA)
+        assert tile.name == "sm90b128s3opt" and tile.name in attn.reason
     small = KernelSelector().select(PROFILES["H200"], shapes("smollm2-135m"))["attention"]
     assert small.tunables["prefill_sm90"].schedule == consumers | SM90_TMA  # head_dim 64
     tiny_pages = KernelSelector().select(PROFILES["H200"], shapes(page=4))["attention"].tunables
-    assert tiny_pages["prefill_sm90"].name == "sm90b128s2op"
+    assert tiny_pages["prefill_sm90"].name == "sm90b128s3op"
 
 
 def test_sm90_tiles_cover_every_geometry_with_every_schedule():
