@@ -262,7 +262,8 @@ def _prefill_one(
     flops = 4 * t_len * t_len * HQ * D / 2  # causal: half the square
     scale = D**-0.5
     times = {}
-    for name, op in _prefill_ops(profile, t_len).items():
+    ops = _prefill_ops(profile, t_len)
+    for name, op in ops.items():
         try:
             times[name] = median_cuda_seconds(lambda op=op: op(case.q, case.kv, case.meta, scale), reps=10)
         except Exception as e:  # one broken tile must not hide the others' numbers
@@ -289,18 +290,26 @@ def _prefill_one(
             ran = [t.name for t in SM90_PREFILL_TILES if t.schedule == schedule and t.name in times]
             if ran:
                 labelled.append((f"sm_90 schedule {schedule}", min(ran, key=times.get)))
-    for label, name in labelled:
-        if name not in times:
-            continue
-        t = times[name]
-        r = _row(
-            f"prefill attention ({label}: {name})", f"T={t_len} causal 32q/8kv d128 bf16 p16", t, torch_best
-        )
+
+    def add_row(kernel: str, t: float) -> None:
+        r = _row(kernel, f"T={t_len} causal 32q/8kv d128 bf16 p16", t, torch_best)
         rows.append(r | {
             "TFLOP/s": flops / t / 1e12, "torch TFLOP/s": flops / torch_best / 1e12,
             "% GEMM peak": 100 * flops / t / 1e12 / ceil.gemm_tflops,
             "target": ">= 1.0x SDPA", "met": torch_best / t >= 1.0,
         })  # fmt: skip
+
+    for label, name in labelled:
+        if name in times:
+            add_row(f"prefill attention ({label}: {name})", times[name])
+    if chosen in times:  # the same tile over pages in id order, as a fresh prompt's are handed out
+        run = paged_attention_case(
+            [t_len], [t_len], HQ, HKV, D, PAGE, BF16, BF16, DEV, consecutive_pages=True
+        )
+        op = ops[chosen]
+        t = median_cuda_seconds(lambda: op(run.q, run.kv, run.meta, scale), reps=10)
+        detail[f"prefill_{t_len}_consecutive_pages_us"] = {chosen: t * 1e6}
+        add_row(f"prefill attention (selected: {chosen}), pages in id order", t)
     return {name: flops / t for name, t in times.items()}
 
 

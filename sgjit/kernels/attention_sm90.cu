@@ -177,6 +177,14 @@ __device__ __forceinline__ void tma_load_5d(u32 dst, u64 map, u32 bar, int c0, i
       "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
+// The same through a 4-D map (the run map: column, head, slot of the whole pool, layer).
+__device__ __forceinline__ void tma_load_4d(u32 dst, u64 map, u32 bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, int parity) {
   u32 done;
   asm volatile(
@@ -423,7 +431,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
                           const int* __restrict__ work, int item_base, T* __restrict__ out,
                           float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
-                          float scale_log2, const void* tmaps, int layer) {
+                          float scale_log2, const void* tmaps, int layer, int runs) {
   constexpr int BM = 128;                  // packed rows per CTA: 64 per consumer warpgroup
   constexpr int CPR = D / 8;               // 16-byte chunks per row
   constexpr int PSTEPS = BN / 16;          // k16 steps of O += P V
@@ -504,6 +512,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     if (TMA && lane == 0) {
       tensormap_acquire(kmap);
       tensormap_acquire(vmap);
+      if (TILE_PAGES > 1 && runs) {  // the run maps follow (attention_sm90.py built them: runs != 0)
+        tensormap_acquire(kmap + 2 * 128);
+        tensormap_acquire(vmap + 2 * 128);
+      }
     }
     // TMA copies whole pages (or the tile's part of one), so it also loads keys at and past kv_stop
     // that cp.async zero-fills: the rest of the CTA's last page as the pool holds it, and for the
@@ -524,6 +536,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       int lane_page = 0;
       if (TMA && lane < TILE_PAGES) lane_page = pages[min(first_page + lane, last_page)];
       if (!TMA && lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop) lane_page = pages[first_page + lane];
+      // TMA over pages smaller than the tile, with the run maps (runs): where the tile's pages are
+      // consecutive ids, one box a 64-column block (slots of consecutive pages are consecutive rows).
+      const int page0 = __shfl_sync(0xffffffffu, lane_page, 0);
+      const bool run =
+          TMA && TILE_PAGES > 1 && runs && __all_sync(0xffffffffu, lane >= TILE_PAGES || lane_page == page0 + lane);
 #pragma unroll
       for (int kv = 0; kv < 2; ++kv) {
         // The overlapped schedule frees K (after Q K^T) a softmax before V (after P V), and each is
@@ -541,13 +558,22 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
           if (lane == 0) mbar_arrive_expect_tx(full, TILE_BYTES);
           const u64 map = kv == 0 ? kmap : vmap;
           const int slot0 = tile0 & (PAGE - 1);  // 0 unless a page holds more than one tile
-#pragma unroll
-          for (int j = 0; j < TILE_PAGES; ++j) {
-            const int page = __shfl_sync(0xffffffffu, lane_page, j);
+          if (run) {
             if (lane == 0) {
 #pragma unroll
               for (int hf = 0; hf < D / 64; ++hf) {
-                tma_load_5d(dst + hf * (BN * 128) + j * (BOX_ROWS * 128), map, full, hf * 64, h, slot0, page, layer);
+                tma_load_4d(dst + hf * (BN * 128), map + 2 * 128, full, hf * 64, h, page0 * PAGE, layer);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < TILE_PAGES; ++j) {
+              const int page = __shfl_sync(0xffffffffu, lane_page, j);
+              if (lane == 0) {
+#pragma unroll
+                for (int hf = 0; hf < D / 64; ++hf) {
+                  tma_load_5d(dst + hf * (BN * 128) + j * (BOX_ROWS * 128), map, full, hf * 64, h, slot0, page, layer);
+                }
               }
             }
           }

@@ -45,8 +45,10 @@ def paged_attention_case(
     seed: int = 0,
     kv_scale: float = 1.0,
     spare_pages: int = 8,
+    consecutive_pages: bool = False,
 ) -> AttentionCase:
-    """Rows b = 0.. with q_lens[b] new queries over kv_lens[b] keys (kv_lens[b] >= q_lens[b])."""
+    """Rows b = 0.. with q_lens[b] new queries over kv_lens[b] keys (kv_lens[b] >= q_lens[b]), on
+    pages in random order, or with `consecutive_pages`, in id order (what a fresh pool hands out)."""
     g = torch.Generator(device=device).manual_seed(seed)
     pages_per_row = [-(-n // page_size) for n in kv_lens]
     num_pages = 1 + sum(pages_per_row) + spare_pages
@@ -56,6 +58,8 @@ def paged_attention_case(
     _fill(k, float("nan"))
     _fill(v, float("nan"))
     order = torch.randperm(num_pages - 1, generator=g, device=device)[: sum(pages_per_row)] + 1
+    if consecutive_pages:
+        order = torch.arange(1, 1 + sum(pages_per_row), device=device)
     k_slots, v_slots = k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
     max_pages = max(pages_per_row)
     table = torch.zeros(len(kv_lens), max_pages, dtype=torch.int32, device=device)

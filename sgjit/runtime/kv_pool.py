@@ -45,12 +45,17 @@ class PageAllocator:
             self.refcount[p] += 1
 
     def decref(self, pages: list[int]) -> None:
+        """Pages whose last reference goes return to the stack so that they come out again in the
+        order they were given: a request's consecutive pages make the next prompt's consecutive
+        pages, which the Hopper prefill loads a whole tile at a time (one TMA box, not one a page)."""
+        freed = []
         for p in pages:
             self.refcount[p] -= 1
             if self.refcount[p] == 0:
-                self._free.append(p)
+                freed.append(p)
             elif self.refcount[p] < 0:
                 raise RuntimeError(f"page {p} released more often than taken")
+        self._free.extend(reversed(freed))
 
 
 class PagedKVPool:

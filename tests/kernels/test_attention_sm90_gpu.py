@@ -90,10 +90,14 @@ def make_op(cfg: tuple, tile: Sm90Tile | None = None, schedule: int | None = Non
     )
 
 
-def check(op, cfg: tuple, q_lens: list[int], kv_lens: list[int], seed: int = 0) -> dict:
+def check(
+    op, cfg: tuple, q_lens: list[int], kv_lens: list[int], seed: int = 0, consecutive: bool = False
+) -> dict:
     """Run one batch through the op and the reference; the errors, overall and per row."""
     dtype, hq, hkv, d, page = cfg
-    case = paged_attention_case(q_lens, kv_lens, hq, hkv, d, page, dtype, dtype, DEV, seed=seed)
+    case = paged_attention_case(
+        q_lens, kv_lens, hq, hkv, d, page, dtype, dtype, DEV, seed=seed, consecutive_pages=consecutive
+    )
     scale = d**-0.5
     torch.full((case.q.numel() // 2 + 1,), float("nan"), device=DEV)  # poison the allocator's next block
     out = op(case.q, case.kv, case.meta, scale)
@@ -187,3 +191,31 @@ def test_sm90_tma_tiles_on_pages_larger_than_a_tile(tile):
     for i, (label, q_lens, kv_lens) in enumerate(BATCHES):
         if label in TILE_BATCHES:
             _assert_ok(check(op, cfg, q_lens, kv_lens, seed=200 + i), cfg[0])
+
+
+@pytest.mark.parametrize("tile", [t for t in SM90_PREFILL_TILES if t.tma], ids=lambda t: t.name)
+def test_sm90_tma_tiles_over_consecutive_pages(tile, monkeypatch):
+    """Pages in id order (a fresh prompt's): a tile whose pages are consecutive loads as one box a
+    64-column block through the run map, the others (a row's last tile, whose pages past its end
+    repeat the last; a row starting mid-run of another's) a box a page. Every batch, pages of 16 and
+    32, and a layer of a many-layer pool (the run map's layer stride). The run maps are built under
+    SGJIT_UNVERIFIED_KERNELS until this test has passed on a GPU."""
+    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+    for cfg in (CONFIGS[0], CONFIGS[3], CONFIGS[4]):
+        op = make_op(cfg, tile)
+        assert op.sm90.maps.run_rows == tile.bn
+        for i, (_, q_lens, kv_lens) in enumerate(BATCHES):
+            _assert_ok(check(op, cfg, q_lens, kv_lens, seed=300 + i, consecutive=True), cfg[0])
+    dtype, hq, hkv, d, page = cfg = CONFIGS[0]
+    op = make_op(cfg, tile)
+    case = paged_attention_case(
+        [700, 33], [700, 33 + 300], hq, hkv, d, page, dtype, dtype, DEV, seed=6, consecutive_pages=True
+    )
+    pool_k = torch.full((3, *case.kv.k.shape), float("nan"), dtype=dtype, device=DEV)
+    pool_v = torch.full_like(pool_k, float("nan"))
+    pool_k[1].copy_(case.kv.k)
+    pool_v[1].copy_(case.kv.v)
+    ref = reference.attention(case.q.float(), case.kv, case.meta, d**-0.5).double()
+    out = op(case.q, LayerKV(pool_k[1], pool_v[1]), case.meta, d**-0.5).double()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert not torch.isnan(out).any() and err < ATTN_TOL[dtype], err

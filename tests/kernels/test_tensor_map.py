@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgjit.kernels.cuda.tensor_map import BOX_COLS, L2_PROMOTION_128B, SWIZZLE_128B, layer_of, pool_map
+from sgjit.kernels.cuda.tensor_map import (
+    BOX_COLS,
+    L2_PROMOTION_128B,
+    SWIZZLE_128B,
+    layer_of,
+    pool_map,
+    run_map,
+)
 from sgjit.kernels.registry import SM90_PREFILL_TILES, SM90_TMA, Sm90Tile
 from sgjit.runtime.kv_pool import PagedKVPool
 
@@ -30,6 +37,24 @@ def test_map_strides_match_the_pool_tensor():
         m = pool_map(shape[1:], shape[0], pool.element_size(), 32)
         assert m.dims == tuple(reversed(shape))
         assert m.strides == tuple(s * pool.element_size() for s in reversed(pool.stride()[:-1]))
+
+
+def test_run_map_reads_pages_and_slots_as_one_dimension():
+    """The run map's slot coordinate page * page_size + slot lands where the pool tensor keeps that
+    slot: its strides are the pool's slot and layer strides, and a box spans a tile's 128 rows
+    (8 consecutive pages of 16)."""
+    shape = (2, 5, 16, 4, 128)  # layers, pages, slots, kv heads, head_dim
+    pool = torch.empty(shape, dtype=torch.bfloat16)
+    m = run_map(shape[1:], shape[0], 2, 128)
+    assert m.dims == (128, 4, 5 * 16, 2) and m.box == (64, 1, 128, 1) and m.rank == 4
+    es = pool.element_size()
+    assert m.strides == (pool.stride(3) * es, pool.stride(2) * es, pool.stride(0) * es)
+    flat = pool.view(2, 5 * 16, 4, 128)  # slot s of page p is row p * 16 + s
+    assert flat.stride(1) * es == m.strides[1]
+    with pytest.raises(ValueError, match="8-row"):
+        run_map(shape[1:], shape[0], 2, 12)
+    with pytest.raises(ValueError, match="16-bit"):
+        run_map(shape[1:], shape[0], 1, 128)
 
 
 def test_boxes_need_whole_swizzle_atoms_and_16_bit_values():

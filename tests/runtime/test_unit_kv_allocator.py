@@ -36,6 +36,19 @@ def test_alloc_hands_out_low_ids_first_with_refcount_one() -> None:
     assert a.num_usable == 5  # usable does not depend on what is taken
 
 
+def test_released_pages_come_back_in_their_order() -> None:
+    """A request's pages, released, are the next request's pages in the same (consecutive) order:
+    the sm_90 prefill loads a tile of consecutive pages as one box."""
+    a = PageAllocator(32)
+    first = a.alloc(8)
+    assert first == list(range(1, 9))
+    a.decref(first)
+    assert a.alloc(8) == first
+    a.incref([3])  # a page still held (the prefix cache) stays out; the others keep their order
+    a.decref(first)
+    assert a.alloc(3) == [1, 2, 4]
+
+
 def test_alloc_zero_pages() -> None:
     """Asking for no pages gives an empty list and changes nothing."""
     a = PageAllocator(4)

@@ -4,7 +4,9 @@ has the warpgroup MMAs. CuPy passes NVRTC `-arch=sm_90` for the device; NVRTC ke
 `PagedAttention` calls it for prefill and mixed steps; decode stays on attention.cu.
 `SGJIT_SM90_WATCHDOG=<ms>` builds it with the kernel's barrier watchdog (debug runs: a deadlock
 traps instead of hanging the process). A tile with the TMA schedule bit loads K/V through tensor
-maps over the pool (tensor_map.py), built on the pool's first launch."""
+maps over the pool (tensor_map.py), built on the pool's first launch: one box a page, or where a
+tile's pages are consecutive ids (what the page allocator hands a fresh prompt), one box a 64-column
+block of the tile."""
 
 from __future__ import annotations
 
@@ -54,7 +56,11 @@ class Sm90Prefill:
             )
         self.smem = tile.smem_bytes(shapes.head_dim)
         allow_smem(self.kernel, self.smem)
-        self.maps = PoolMaps(min(shapes.page_size, tile.bn)) if tile.tma else None
+        # Pages smaller than a tile: also the run maps, one box a 64-column block of a tile whose
+        # pages are consecutive (the kernel checks each tile). Behind SGJIT_UNVERIFIED_KERNELS until
+        # a GPU run of tests/kernels/test_attention_sm90_gpu.py passes with them.
+        runs = tile.bn if shapes.page_size < tile.bn and env().unverified_kernels else None
+        self.maps = PoolMaps(min(shapes.page_size, tile.bn), runs) if tile.tma else None
 
     def __call__(
         self,
@@ -77,6 +83,6 @@ class Sm90Prefill:
                 (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
                  ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(work), np.int32(base), ptr(out), ptr(part_o),
                  ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2), ptr(maps),
-                 np.int32(layer)),
+                 np.int32(layer), np.int32(self.maps is not None and self.maps.run_rows is not None)),
                 self.smem,
             )  # fmt: skip

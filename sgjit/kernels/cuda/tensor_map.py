@@ -7,7 +7,9 @@ K (V) is a view of it, so a map over the whole allocation serves every layer (th
 layer index as a coordinate) and the pool never moves: a map built once stays valid, also inside a
 captured CUDA graph. A box is (64 columns = 128 bytes, one head, `box_rows` slots, one page, one
 layer), swizzled by 128 bytes: box_rows rows of 128 bytes in the layout attention_sm90.cu's tiles
-use."""
+use. Where pages are smaller than a tile, a second map per pool reads (page, slot) as one slot
+dimension (`run_map`): a tile whose pages are consecutive ids then loads as one box a 64-column
+block instead of one a page (TMA's cost is per box: 16 boxes of 2 KB a 32 KB tile at page 16)."""
 
 from __future__ import annotations
 
@@ -47,15 +49,19 @@ class TiledMap:
         return len(self.dims)
 
 
+def _check_columns(element_size: int, head_dim: int) -> None:
+    if element_size != 2 or head_dim % BOX_COLS:
+        raise ValueError(
+            f"TMA boxes of 64 16-bit columns: not {element_size}-byte values, head_dim {head_dim}"
+        )
+
+
 def pool_map(layer_shape: tuple[int, ...], num_layers: int, element_size: int, box_rows: int) -> TiledMap:
     """The map over a pool of `num_layers` layers of `layer_shape` = (pages, page_size, kv_heads,
     head_dim), boxes of `box_rows` slots of one head's 64-column block (coordinates: column, head,
     slot, page, layer). Raises ValueError for a pool the hardware cannot map this way."""
     pages, page_size, heads, head_dim = layer_shape
-    if element_size != 2 or head_dim % BOX_COLS:
-        raise ValueError(
-            f"TMA boxes of 64 16-bit columns: not {element_size}-byte values, head_dim {head_dim}"
-        )
+    _check_columns(element_size, head_dim)
     if not (0 < box_rows <= min(page_size, 256)) or box_rows % 8:
         raise ValueError(
             f"a box of {box_rows} rows: needs whole 8-row swizzle atoms within a page of {page_size}"
@@ -68,6 +74,21 @@ def pool_map(layer_shape: tuple[int, ...], num_layers: int, element_size: int, b
     if any(s >= 1 << 40 for s in strides) or any(d > 1 << 32 for d in dims):
         raise ValueError(f"pool {dims} past the tensor map's limits")
     return TiledMap(dims, tuple(strides), (BOX_COLS, 1, box_rows, 1, 1))
+
+
+def run_map(layer_shape: tuple[int, ...], num_layers: int, element_size: int, box_rows: int) -> TiledMap:
+    """The map over the same pool with pages and their slots as one dimension (coordinates: column,
+    head, page * page_size + slot, layer): a box of `box_rows` slots spans consecutive pages."""
+    pages, page_size, heads, head_dim = layer_shape
+    _check_columns(element_size, head_dim)
+    if not (0 < box_rows <= 256) or box_rows % 8:
+        raise ValueError(f"a box of {box_rows} rows: whole 8-row swizzle atoms, at most 256")
+    slot_bytes = heads * head_dim * element_size
+    dims = (head_dim, heads, pages * page_size, num_layers)
+    strides = (head_dim * element_size, slot_bytes, slot_bytes * pages * page_size)
+    if strides[-1] >= 1 << 40 or dims[2] > 1 << 32:
+        raise ValueError(f"pool {dims} past the tensor map's limits")
+    return TiledMap(dims, strides, (BOX_COLS, 1, box_rows, 1))
 
 
 def layer_of(t: torch.Tensor) -> tuple[int, int, int]:
@@ -122,10 +143,11 @@ def encode(m: TiledMap, address: int) -> bytes:
 
 class PoolMaps:
     """Device copies of the K and V maps (K's at offset 0, V's at MAP_BYTES) of each pool seen, by
-    base address and shape: built on a pool's first launch, before any kernel reads them."""
+    base address and shape, and with `run_rows`, the K and V run maps after them (offsets 2 and 3 x
+    MAP_BYTES): built on a pool's first launch, before any kernel reads them."""
 
-    def __init__(self, box_rows: int) -> None:
-        self.box_rows = box_rows
+    def __init__(self, box_rows: int, run_rows: int | None = None) -> None:
+        self.box_rows, self.run_rows = box_rows, run_rows
         self._maps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (device, pinned host)
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -136,9 +158,12 @@ class PoolMaps:
         key = (k_base, k_layers, v_base, v_layers, tuple(k.shape), k.dtype)
         if key not in self._maps:
             shape = tuple(k.shape)
-            k_map = encode(pool_map(shape, k_layers, k.element_size(), self.box_rows), k_base)
-            v_map = encode(pool_map(shape, v_layers, v.element_size(), self.box_rows), v_base)
-            host = torch.frombuffer(bytearray(k_map + v_map), dtype=torch.uint8).pin_memory()
+            maps = [encode(pool_map(shape, n, t.element_size(), self.box_rows), base)
+                    for t, base, n in ((k, k_base, k_layers), (v, v_base, v_layers))]  # fmt: skip
+            if self.run_rows is not None:
+                maps += [encode(run_map(shape, n, t.element_size(), self.run_rows), base)
+                         for t, base, n in ((k, k_base, k_layers), (v, v_base, v_layers))]  # fmt: skip
+            host = torch.frombuffer(bytearray(b"".join(maps)), dtype=torch.uint8).pin_memory()
             # queued on the current stream ahead of the launch that reads it; no wait for a step in
             # flight (overlap scheduling), and the pinned source is kept with the buffer
             buf = host.to(k.device, non_blocking=True)
