@@ -16,9 +16,10 @@
 // The pool interleaves kv heads ([page, slot, kv head, D]), so a head's rows are 2*D-byte pieces
 // at a stride and pages are not contiguous. The producer fills a stage one of two ways (SCHED_TMA):
 // 128 threads of 16-byte cp.async, each row's page looked up in the page table, the copies'
-// completion arriving on the stage's mbarrier (cp.async.mbarrier.arrive.noinc); or one thread
+// completion arriving on the stage's mbarrier (cp.async.mbarrier.arrive.noinc); or one warp
 // issuing tensor-memory-accelerator copies (cp.async.bulk.tensor), one a page and 64-element half
-// of head_dim, through a tensor map over the whole pool (attention_sm90.py builds it), which land
+// of head_dim (a lane a page), or one a tile's half where its pages are consecutive ids, through
+// tensor maps over the whole pool (attention_sm90.py builds them), which land
 // in the same swizzle and complete the stage's mbarrier by bytes. K and V of a stage have separate barriers, so
 // Q K^T starts before V lands, and consumers release K and V once their MMAs on them are done.
 // How the consumers order their GEMMs and softmax is the SCHEDULE (below): serial, or FA-3's
@@ -505,7 +506,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   if (wg == 0) {
     // ---- producer: K and V tiles of the row's pages -> the ring ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::PRODUCER));
-    if (TMA && lt >= 32) return;  // TMA: one warp reads the page table, its lane 0 issues the copies
+    if (TMA && lt >= 32) return;  // TMA: one warp reads the page table and issues the copies
     const int* pages = page_table + (i64)row * pt_stride;
     const int part = lt % CPR, tok0 = lt / CPR, lane = lt % 32;
     const u64 kmap = reinterpret_cast<u64>(tmaps), vmap = kmap + 128;  // K's map, then V's
@@ -566,14 +567,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
               }
             }
           } else {
+            // A box a page, each lane issuing its own page's (after lane 0 announced the bytes).
+            __syncwarp();
+            if (lane < TILE_PAGES) {
 #pragma unroll
-            for (int j = 0; j < TILE_PAGES; ++j) {
-              const int page = __shfl_sync(0xffffffffu, lane_page, j);
-              if (lane == 0) {
-#pragma unroll
-                for (int hf = 0; hf < D / 64; ++hf) {
-                  tma_load_5d(dst + hf * (BN * 128) + j * (BOX_ROWS * 128), map, full, hf * 64, h, slot0, page, layer);
-                }
+              for (int hf = 0; hf < D / 64; ++hf) {
+                tma_load_5d(dst + hf * (BN * 128) + lane * (BOX_ROWS * 128), map, full, hf * 64, h, slot0, lane_page,
+                            layer);
               }
             }
           }

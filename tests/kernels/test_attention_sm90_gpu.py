@@ -194,13 +194,11 @@ def test_sm90_tma_tiles_on_pages_larger_than_a_tile(tile):
 
 
 @pytest.mark.parametrize("tile", [t for t in SM90_PREFILL_TILES if t.tma], ids=lambda t: t.name)
-def test_sm90_tma_tiles_over_consecutive_pages(tile, monkeypatch):
+def test_sm90_tma_tiles_over_consecutive_pages(tile):
     """Pages in id order (a fresh prompt's): a tile whose pages are consecutive loads as one box a
     64-column block through the run map, the others (a row's last tile, whose pages past its end
     repeat the last; a row starting mid-run of another's) a box a page. Every batch, pages of 16 and
-    32, and a layer of a many-layer pool (the run map's layer stride). The run maps are built under
-    SGJIT_UNVERIFIED_KERNELS until this test has passed on a GPU."""
-    monkeypatch.setenv("SGJIT_UNVERIFIED_KERNELS", "1")
+    32, and a layer of a many-layer pool (the run map's layer stride)."""
     for cfg in (CONFIGS[0], CONFIGS[3], CONFIGS[4]):
         op = make_op(cfg, tile)
         assert op.sm90.maps.run_rows == tile.bn

@@ -57,9 +57,8 @@ class Sm90Prefill:
         self.smem = tile.smem_bytes(shapes.head_dim)
         allow_smem(self.kernel, self.smem)
         # Pages smaller than a tile: also the run maps, one box a 64-column block of a tile whose
-        # pages are consecutive (the kernel checks each tile). Behind SGJIT_UNVERIFIED_KERNELS until
-        # a GPU run of tests/kernels/test_attention_sm90_gpu.py passes with them.
-        runs = tile.bn if shapes.page_size < tile.bn and env().unverified_kernels else None
+        # pages are consecutive (the kernel checks each tile).
+        runs = tile.bn if shapes.page_size < tile.bn else None
         self.maps = PoolMaps(min(shapes.page_size, tile.bn), runs) if tile.tma else None
 
     def __call__(
