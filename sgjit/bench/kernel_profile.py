@@ -7,7 +7,8 @@ then runs them between cudaProfilerStart/Stop with an NVTX range per case, so th
 that part: Nsight Compute (`ncu`) one launch of each decode and prefill kernel with the full section
 set, Nsight Systems (when `nsys` is installed) a timeline of a few repeats. A short summary is read
 back from the reports: time, DRAM GB/s, the case's own rate (K/V GB/s or TFLOP/s), tensor-pipe and
-shared-memory utilisation, registers, occupancy, the leading warp stall reasons. A tool that is
+shared-memory utilisation, registers, occupancy, the leading warp stall reasons, and where they sit:
+the SASS instructions with the most warp stall samples. A tool that is
 missing, fails (no permission for the performance counters, say) or overruns its time limit is noted
 in the summary; the rest still runs.
 
@@ -64,6 +65,10 @@ NCU_METRICS = {
 # one metric a reason ("selected" is the issuing warp itself: 1 per issue).
 STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
 TOP_STALLS = 6
+# Where the stalls sit (ncu's source page, SASS, from the full set's SourceCounters section): each
+# instruction's share of the warp stall samples.
+SAMPLES_COLUMN = "Warp Stall Sampling (All Samples)"
+HOT_INSTRUCTIONS, HOT_OPCODES = 6, 8
 _SCALE = {
     "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # -> us
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,  # -> bytes
@@ -215,7 +220,14 @@ def _ncu(out_dir: Path) -> dict[str, Any]:
             return {"ok": False, "note": f"ncu --import gave no rows for {case}", "report": f"{rep}.ncu-rep"}
         texts.append(text)
         work = json.loads((out_dir / "workload.json").read_text())  # written by the workload run
-        kernels += [_ncu_kernel(r, case, work.get(case, {})) for r in rows]
+        found = [_ncu_kernel(r, case, work.get(case, {})) for r in rows]
+        if len(found) == 1:  # the source page of a report of one launch: where its stalls sit
+            done, src = _capture(
+                [ncu, "--import", f"{rep}.ncu-rep", "--csv", "--page", "source", "--print-source", "sass"]
+            )
+            if done and (hot := source_hotspots(src)):
+                found[0]["hot"] = hot
+        kernels += found
     (out_dir / "ncu_raw.csv").write_text("\n".join(texts))
     return {"ok": True, "report": str(out_dir / "kernels-<case>.ncu-rep"), "kernels": kernels}
 
@@ -250,6 +262,35 @@ def _ncu_kernel(row: dict[str, tuple[str, str]], case: str, work: dict[str, floa
         if "flops" in work:
             k["tflops"] = work["flops"] / t / 1e6
     return k
+
+
+def source_hotspots(text: str) -> dict[str, Any]:
+    """From `ncu --import R --csv --page source --print-source sass` of one launch: the share (%) of
+    its warp stall samples by opcode, and the instructions holding the most, largest first."""
+    rows = _csv_rows(text, f'"{SAMPLES_COLUMN}"')
+    samples = []
+    for r in rows:
+        sass = (r.get("Source") or "").strip()
+        try:
+            n = float((r.get(SAMPLES_COLUMN) or "").replace(",", ""))
+        except ValueError:
+            continue
+        if sass and n > 0:
+            samples.append((n, r.get("Address", ""), sass))
+    total = sum(n for n, _, _ in samples)
+    if not total:
+        return {}
+    by_op: dict[str, float] = {}
+    for n, _, sass in samples:
+        words = sass.split()
+        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+        by_op[op.split(".")[0]] = by_op.get(op.split(".")[0], 0.0) + 100 * n / total
+    top = sorted(samples, key=lambda x: -x[0])[:HOT_INSTRUCTIONS]
+    return {
+        "samples": total,
+        "by_opcode": dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:HOT_OPCODES]),
+        "top": [{"pct": 100 * n / total, "address": a, "sass": sass} for n, a, sass in top],
+    }
 
 
 def _capture(cmd: list[str]) -> tuple[bool, str]:
@@ -319,6 +360,12 @@ def summary_text(result: dict[str, Any]) -> str:
                     "      stalls (warps a issued instruction): "
                     + ", ".join(f"{reason} {v:.2f}" for reason, v in k["stalls"].items())
                 )
+            if hot := k.get("hot"):
+                lines.append(
+                    "      stall samples by opcode: "
+                    + ", ".join(f"{op} {pct:.1f}%" for op, pct in hot["by_opcode"].items())
+                )
+                lines += [f"        {h['pct']:5.1f}%  {h['address']}  {h['sass'][:90]}" for h in hot["top"]]
     else:
         lines.append(f"ncu: {ncu['note']}" + (f"\n{ncu['tail']}" if ncu.get("tail") else ""))
     nsys = result["nsys"]

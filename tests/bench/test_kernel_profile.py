@@ -53,3 +53,57 @@ def test_a_launch_without_stall_metrics_has_no_stall_line():
         {"dir": "d", "gpu": "g", "ncu": {"ok": True, "kernels": [k]}, "nsys": {"ok": False, "note": "-"}}
     )
     assert "stalls" not in text
+
+
+# What `ncu --import R --csv --page source --print-source sass` prints for one launch (columns cut down).
+SOURCE = """==PROF== some banner line
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"
+"0x7f0","@!P0 BRA 0x7fb0","1,050","1,000"
+"0x800","UMOV UR19, 0x40000040","770","700"
+"0x810","WARPGROUP.DEPBAR.LE gsb0, 0x1","650","600"
+"0x820","MUFU.EX2 R90, R90","400","300"
+"0x830","MUFU.EX2 R91, R91","300","200"
+"0x840","HGMMA.64x128x16.F32.BF16 R88, gdesc[UR16], R88","200","100"
+"0x850","FFMA R1, R2, R3, R4","0","0"
+"0x860","NOP","n/a",""
+"""
+
+
+def test_source_page_names_the_instructions_the_warps_stall_on():
+    hot = kp.source_hotspots(SOURCE)
+    total = 1050 + 770 + 650 + 400 + 300 + 200
+    assert hot["samples"] == total
+    # by opcode (predicate and modifiers dropped), largest first
+    assert list(hot["by_opcode"]) == ["BRA", "UMOV", "MUFU", "WARPGROUP", "HGMMA"]
+    assert abs(hot["by_opcode"]["MUFU"] - 100 * 700 / total) < 1e-9
+    # the instructions with samples, largest first, at most HOT_INSTRUCTIONS; none without samples
+    assert [h["address"] for h in hot["top"]] == ["0x7f0", "0x800", "0x810", "0x820", "0x830", "0x840"]
+    assert (
+        hot["top"][0]["sass"] == "@!P0 BRA 0x7fb0" and abs(hot["top"][0]["pct"] - 100 * 1050 / total) < 1e-9
+    )
+    k = {"name": "attention_sm90_kernel", "case": "prefill bf16", "hot": hot}
+    text = kp.summary_text(
+        {
+            "dir": "/tmp/p",
+            "gpu": "H100",
+            "ncu": {"ok": True, "kernels": [k]},
+            "nsys": {"ok": False, "note": "-"},
+        }
+    )
+    assert "stall samples by opcode: BRA 31.2%, UMOV 22.8%" in text
+    assert " 31.2%  0x7f0  @!P0 BRA 0x7fb0" in text
+
+
+def test_source_page_without_samples_gives_nothing():
+    assert kp.source_hotspots("") == {}
+    assert (
+        kp.source_hotspots(
+            SOURCE.replace('"1,050"', '"0"')
+            .replace('"770"', '"0"')
+            .replace('"650"', '"0"')
+            .replace('"400"', '"0"')
+            .replace('"300"', '"0"')
+            .replace('"200"', '"0"')
+        )
+        == {}
+    )
