@@ -13,6 +13,18 @@ RAW = """==PROF== some banner line
 """
 
 
+def _summary(kernel: dict) -> str:
+    """The summary of one ncu kernel and no timeline."""
+    return kp.summary_text(
+        {
+            "dir": "/tmp/p",
+            "gpu": "H100",
+            "ncu": {"ok": True, "kernels": [kernel]},
+            "nsys": {"ok": False, "note": "-"},
+        }
+    )
+
+
 def test_raw_page_gives_time_rate_and_the_leading_stalls():
     (row,) = kp._csv_rows(RAW, '"ID"', units_row=True)
     flops = 4 * 4096**2 * 32 * 128 / 2
@@ -31,14 +43,7 @@ def test_raw_page_gives_time_rate_and_the_leading_stalls():
         "dispatch_stall",
     ]
     assert k["stalls"]["math_pipe_throttle"] == 0.64 and "sleeping" not in k["stalls"]
-    text = kp.summary_text(
-        {
-            "dir": "/tmp/p",
-            "gpu": "H100",
-            "ncu": {"ok": True, "kernels": [k]},
-            "nsys": {"ok": False, "note": "no nsys"},
-        }
-    )
+    text = _summary(k)
     assert "prefill bf16 | attention_sm90_kernel" in text
     assert "165 Kibyte" in text  # a unit the table does not convert is printed as given
     assert "stalls (warps a issued instruction): barrier 2.31, selected 1.00, wait 0.87" in text
@@ -49,10 +54,7 @@ def test_a_launch_without_stall_metrics_has_no_stall_line():
     (row,) = kp._csv_rows(raw, '"ID"', units_row=True)
     k = kp._ncu_kernel(row, "decode bf16", {"bytes": 1e6})
     assert k["time_us"] == 5.3 and k["stalls"] == {} and "kv_gbps" not in k  # a merge gets no case rate
-    text = kp.summary_text(
-        {"dir": "d", "gpu": "g", "ncu": {"ok": True, "kernels": [k]}, "nsys": {"ok": False, "note": "-"}}
-    )
-    assert "stalls" not in text
+    assert "stalls" not in _summary(k)
 
 
 # What `ncu --import R --csv --page source --print-source sass` prints for one launch (columns cut down).
@@ -82,14 +84,7 @@ def test_source_page_names_the_instructions_the_warps_stall_on():
         hot["top"][0]["sass"] == "@!P0 BRA 0x7fb0" and abs(hot["top"][0]["pct"] - 100 * 1050 / total) < 1e-9
     )
     k = {"name": "attention_sm90_kernel", "case": "prefill bf16", "hot": hot}
-    text = kp.summary_text(
-        {
-            "dir": "/tmp/p",
-            "gpu": "H100",
-            "ncu": {"ok": True, "kernels": [k]},
-            "nsys": {"ok": False, "note": "-"},
-        }
-    )
+    text = _summary(k)
     assert "stall samples by opcode: BRA 31.2%, UMOV 22.8%" in text
     assert " 31.2%  0x7f0  @!P0 BRA 0x7fb0" in text
 
