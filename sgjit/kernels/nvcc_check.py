@@ -184,19 +184,27 @@ def compile_unit(
     """One nvcc run over a family's source with each name expression instantiated (taking a
     kernel's address makes nvcc emit it, as NVRTC's name expressions do); `defines` are NAME=VALUE
     macros, as compile_kernels takes them."""
-    refs = "\n".join(f"static void* const sgjit_inst_{i} = (void*)&{n};" for i, n in enumerate(names))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / f"{family}.cu"
-        src.write_text(family_source(family) + "\n" + refs + "\n")
-        cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-diag-suppress", "177", "-o", str(src.with_suffix(".cubin")), str(src)]  # fmt: skip
-        if resources:
-            cmd.insert(1, "-Xptxas=-v")
-        cmd[1:1] = [f"-D{d}" for d in defines]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = build_cubin(nvcc, family, names, arch, Path(tmp) / f"{family}.cubin", resources, defines)
     return Result(
         family, arch, names, proc.returncode == 0, proc.stdout + proc.stderr, time.perf_counter() - t0
     )
+
+
+def build_cubin(
+    nvcc: str, family: str, names: list[str], arch: str, cubin: Path, resources: bool = False,
+    defines: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:  # fmt: skip
+    """nvcc over the family's source (written beside `cubin`) with each name instantiated, into `cubin`."""
+    refs = "\n".join(f"static void* const sgjit_inst_{i} = (void*)&{n};" for i, n in enumerate(names))
+    src = cubin.with_suffix(".cu")
+    src.write_text(family_source(family) + "\n" + refs + "\n")
+    cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-diag-suppress", "177", "-o", str(cubin), str(src)]  # fmt: skip
+    if resources:
+        cmd.insert(1, "-Xptxas=-v")
+    cmd[1:1] = [f"-D{d}" for d in defines]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def resource_lines(log: str) -> list[str]:

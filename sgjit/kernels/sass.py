@@ -1,0 +1,141 @@
+"""`python -m sgjit.kernels.sass FAMILY NAME [--arch sm_90a]`: what ptxas made of one kernel
+instantiation, without a GPU: nvcc builds the family's source with the name instantiated (as
+nvcc_check does), `cuobjdump -sass` disassembles it, and the opcodes are counted, for the whole
+kernel and for its largest loop (the instructions between a backward branch and its target, which
+in a streaming kernel is the main loop a tile or page of work runs through).
+
+The counts say where a kernel's instructions go before any profiler runs: in the Hopper prefill they
+showed a third of the main loop spent on a mask that only a causal row's last tiles need
+(docs/profiling.md). cuobjdump ships with the CUDA toolkit and in the `nvidia-cuda-cuobjdump` wheel;
+set CUOBJDUMP to its path where it is neither on PATH nor beside nvcc."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from sgjit.kernels.nvcc_check import build_cubin, find_nvcc
+
+# "/*0e60*/   @!P3 BRA 0x3b50 ;" -> address, predicate (optional), opcode with its modifiers, operands
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_FUNCTION = re.compile(r"Function : (\S+)")
+
+
+@dataclass(slots=True)
+class Instr:
+    address: int
+    opcode: str  # without modifiers: HGMMA, not HGMMA.64x128x16.F32.BF16
+    text: str
+
+
+def parse(sass: str) -> dict[str, list[Instr]]:
+    """Mangled kernel name -> its instructions, from `cuobjdump -sass` output."""
+    kernels: dict[str, list[Instr]] = {}
+    current: list[Instr] | None = None
+    for line in sass.splitlines():
+        if m := _FUNCTION.search(line):
+            current = kernels.setdefault(m.group(1), [])
+        elif current is not None and (m := _INSTR.search(line)):
+            op = m.group(3)
+            text = f"{(m.group(2) or '').strip()} {op} {m.group(4).strip()}".strip()
+            current.append(Instr(int(m.group(1), 16), op.split(".")[0], text))
+    return kernels
+
+
+def largest_loop(instrs: list[Instr]) -> list[Instr]:
+    """The instructions of the longest conditional backward branch's span (target .. branch), or
+    none. Unconditional backward branches are left out: ptxas closes a loop with a predicated
+    branch, and jumps back from out-of-line code (a divergent shuffle's slow path) without one."""
+    best: tuple[int, int] = (0, -1)
+    for i, ins in enumerate(instrs):
+        if ins.opcode != "BRA" or not ins.text.startswith("@"):
+            continue
+        if not (m := re.search(r"0x([0-9a-f]+)\s*$", ins.text)):
+            continue
+        target = int(m.group(1), 16)
+        if target < ins.address:
+            start = next((j for j, x in enumerate(instrs) if x.address >= target), i)
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+    return instrs[best[0] : best[1] + 1]
+
+
+def opcode_counts(instrs: list[Instr]) -> Counter:
+    return Counter(ins.opcode for ins in instrs)
+
+
+def find_cuobjdump() -> str | None:
+    nvcc = find_nvcc()
+    beside = str(Path(nvcc).resolve().parent / "cuobjdump") if nvcc else None
+    try:  # the nvidia-cuda-cuobjdump wheel
+        import nvidia.cu13 as cu13  # type: ignore[import-not-found]
+
+        wheel = str(Path(next(iter(cu13.__path__))) / "bin" / "cuobjdump")
+    except ImportError:
+        wheel = None
+    for cand in (os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), beside, wheel):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def disassemble(family: str, name: str, arch: str) -> str:
+    """The SASS of one instantiation (RuntimeError naming what is missing or what failed)."""
+    nvcc, cuobjdump = find_nvcc(), find_cuobjdump()
+    if nvcc is None or cuobjdump is None:
+        raise RuntimeError(
+            f"needs nvcc and cuobjdump (found {nvcc}, {cuobjdump}); see this module's docstring"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / f"{family}.cubin"
+        proc = build_cubin(nvcc, family, [name], arch, cubin)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {name}:\n{(proc.stdout + proc.stderr)[-2000:]}")
+        out = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {out.stderr[-1000:]}")
+    return out.stdout
+
+
+def report(sass: str, top: int = 16) -> str:
+    lines = []
+    for kernel, instrs in parse(sass).items():
+        loop = largest_loop(instrs)
+        lines.append(f"{kernel}: {len(instrs)} instructions; largest loop {len(loop)}")
+        for label, part in (("kernel", instrs), ("loop", loop)):
+            common = opcode_counts(part).most_common(top)
+            lines.append(f"  {label}: " + ", ".join(f"{op} {n}" for op, n in common))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sgjit.kernels.sass", description=__doc__.split("\n\n")[0])
+    ap.add_argument("family", help="a kernel source family, e.g. attention_sm90")
+    ap.add_argument(
+        "name", help='a name expression, e.g. "attention_sm90_kernel<__nv_bfloat16, 128, 4, 16, 128, 3, 7>"'
+    )
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--top", type=int, default=16, help="opcodes listed per part")
+    ap.add_argument("--dump", metavar="FILE", help="also write the whole SASS here")
+    args = ap.parse_args(argv)
+    try:
+        sass = disassemble(args.family, args.name, args.arch)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
+    if args.dump:
+        Path(args.dump).write_text(sass)
+    print(report(sass, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
