@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from sgjit.kernels.sass import opcode
+
 log = logging.getLogger(__name__)
 
 DEV = torch.device("cuda")
@@ -282,9 +284,8 @@ def source_hotspots(text: str) -> dict[str, Any]:
         return {}
     by_op: dict[str, float] = {}
     for n, _, sass in samples:
-        words = sass.split()
-        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-        by_op[op.split(".")[0]] = by_op.get(op.split(".")[0], 0.0) + 100 * n / total
+        op = opcode(sass)
+        by_op[op] = by_op.get(op, 0.0) + 100 * n / total
     top = sorted(samples, key=lambda x: -x[0])[:HOT_INSTRUCTIONS]
     return {
         "samples": total,

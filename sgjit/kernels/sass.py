@@ -36,6 +36,13 @@ class Instr:
     text: str
 
 
+def opcode(instruction: str) -> str:
+    """An instruction's opcode without its predicate and modifiers: "@!P0 HGMMA.64x128x16 ..." -> HGMMA."""
+    words = instruction.split()
+    op = words[1] if len(words) > 1 and words[0].startswith("@") else words[0] if words else ""
+    return op.split(".")[0]
+
+
 def parse(sass: str) -> dict[str, list[Instr]]:
     """Mangled kernel name -> its instructions, from `cuobjdump -sass` output."""
     kernels: dict[str, list[Instr]] = {}
@@ -44,9 +51,8 @@ def parse(sass: str) -> dict[str, list[Instr]]:
         if m := _FUNCTION.search(line):
             current = kernels.setdefault(m.group(1), [])
         elif current is not None and (m := _INSTR.search(line)):
-            op = m.group(3)
-            text = f"{(m.group(2) or '').strip()} {op} {m.group(4).strip()}".strip()
-            current.append(Instr(int(m.group(1), 16), op.split(".")[0], text))
+            text = f"{(m.group(2) or '').strip()} {m.group(3)} {m.group(4).strip()}".strip()
+            current.append(Instr(int(m.group(1), 16), opcode(text), text))
     return kernels
 
 

@@ -57,6 +57,7 @@ def paged_attention_case(
     v = torch.empty(shape, dtype=kv_dtype, device=device)
     _fill(k, float("nan"))
     _fill(v, float("nan"))
+    # drawn either way, so both page orders hold the same values
     order = torch.randperm(num_pages - 1, generator=g, device=device)[: sum(pages_per_row)] + 1
     if consecutive_pages:
         order = torch.arange(1, 1 + sum(pages_per_row), device=device)
