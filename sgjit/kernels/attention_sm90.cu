@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
                           const int* __restrict__ work, int item_base, T* __restrict__ out,
                           float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
-                          float scale_log2, const void* tmaps, int layer, int runs) {
+                          float scale_log2, const void* tmaps, int layer) {
   constexpr int BM = 128;                  // packed rows per CTA: 64 per consumer warpgroup
   constexpr int CPR = D / 8;               // 16-byte chunks per row
   constexpr int PSTEPS = BN / 16;          // k16 steps of O += P V
@@ -446,8 +446,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   // TMA: one box a page (or the tile's part of a page bigger than the tile) and 64-column block,
   // BOX_ROWS rows of 128 bytes. The hardware swizzles a box by its shared address (16-byte chunk
   // XOR address bits 7-9), which is sw128_off's chunk XOR row % 8 only where every box starts on
-  // a 1024-byte atom: BOX_ROWS a multiple of 8.
+  // a 1024-byte atom: BOX_ROWS a multiple of 8. Pages smaller than a tile also have the run maps
+  // (attention_sm90.py builds them exactly then), which read (page, slot) as one dimension.
   constexpr int BOX_ROWS = PAGE < BN ? PAGE : BN;
+  constexpr bool RUN_MAPS = TMA && TILE_PAGES > 1;
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "64 or 128 keys a tile");
   static_assert(STAGES >= 2, "a ring of at least two stages");
@@ -513,7 +515,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     if (TMA && lane == 0) {
       tensormap_acquire(kmap);
       tensormap_acquire(vmap);
-      if (TILE_PAGES > 1 && runs) {  // the run maps follow (attention_sm90.py built them: runs != 0)
+      if (RUN_MAPS) {  // the run maps follow
         tensormap_acquire(kmap + 2 * 128);
         tensormap_acquire(vmap + 2 * 128);
       }
@@ -537,11 +539,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       int lane_page = 0;
       if (TMA && lane < TILE_PAGES) lane_page = pages[min(first_page + lane, last_page)];
       if (!TMA && lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop) lane_page = pages[first_page + lane];
-      // TMA over pages smaller than the tile, with the run maps (runs): where the tile's pages are
+      // TMA over pages smaller than the tile, with the run maps: where the tile's pages are
       // consecutive ids, one box a 64-column block (slots of consecutive pages are consecutive rows).
       const int page0 = __shfl_sync(0xffffffffu, lane_page, 0);
-      const bool run =
-          TMA && TILE_PAGES > 1 && runs && __all_sync(0xffffffffu, lane >= TILE_PAGES || lane_page == page0 + lane);
+      const bool run = RUN_MAPS && __all_sync(0xffffffffu, lane >= TILE_PAGES || lane_page == page0 + lane);
 #pragma unroll
       for (int kv = 0; kv < 2; ++kv) {
         // The overlapped schedule frees K (after Q K^T) a softmax before V (after P V), and each is

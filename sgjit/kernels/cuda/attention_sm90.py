@@ -60,7 +60,6 @@ class Sm90Prefill:
         # pages are consecutive (the kernel checks each tile).
         runs = tile.bn if shapes.page_size < tile.bn else None
         self.maps = PoolMaps(min(shapes.page_size, tile.bn), runs) if tile.tma else None
-        self.runs = np.int32(tile.tma and runs is not None)  # the kernel's flag: run maps built
 
     def __call__(
         self,
@@ -83,6 +82,6 @@ class Sm90Prefill:
                 (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
                  ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(work), np.int32(base), ptr(out), ptr(part_o),
                  ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2), ptr(maps),
-                 np.int32(layer), self.runs),
+                 np.int32(layer)),
                 self.smem,
             )  # fmt: skip
