@@ -6,7 +6,8 @@ in a streaming kernel is the main loop a tile or page of work runs through).
 
 The counts say where a kernel's instructions go before any profiler runs: in the Hopper prefill they
 showed a third of the main loop spent on a mask that only a causal row's last tiles need
-(docs/profiling.md). cuobjdump ships with the CUDA toolkit and in the `nvidia-cuda-cuobjdump` wheel;
+(docs/profiling.md). `--loops` lists every loop with the counts that tell a loop's MMAs were
+serialized, their descriptors built outside the uniform registers, or registers spilled. cuobjdump ships with the CUDA toolkit and in the `nvidia-cuda-cuobjdump` wheel;
 set CUOBJDUMP to its path where it is neither on PATH nor beside nvcc."""
 
 from __future__ import annotations
