@@ -158,11 +158,11 @@ class PoolMaps:
         key = (k_base, k_layers, v_base, v_layers, tuple(k.shape), k.dtype)
         if key not in self._maps:
             shape = tuple(k.shape)
-            maps = [encode(pool_map(shape, n, t.element_size(), self.box_rows), base)
-                    for t, base, n in ((k, k_base, k_layers), (v, v_base, v_layers))]  # fmt: skip
-            if self.run_rows is not None:
-                maps += [encode(run_map(shape, n, t.element_size(), self.run_rows), base)
-                         for t, base, n in ((k, k_base, k_layers), (v, v_base, v_layers))]  # fmt: skip
+            kinds = [(pool_map, self.box_rows)] + (
+                [(run_map, self.run_rows)] if self.run_rows is not None else []
+            )
+            maps = [encode(build(shape, n, t.element_size(), rows), base)
+                    for build, rows in kinds for t, base, n in ((k, k_base, k_layers), (v, v_base, v_layers))]  # fmt: skip
             host = torch.frombuffer(bytearray(b"".join(maps)), dtype=torch.uint8).pin_memory()
             # queued on the current stream ahead of the launch that reads it; no wait for a step in
             # flight (overlap scheduling), and the pinned source is kept with the buffer
