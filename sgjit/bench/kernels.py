@@ -493,15 +493,15 @@ GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
 
 
 def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
-    """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) at 2, 4 and 8 rows,
-    swept on three 8B weights (bf16, graph replays, weights rotated past L2): what `TILES` should be."""
+    """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) at 1, 2, 4 and 8
+    rows, swept on three 8B weights (bf16, graph replays, weights rotated past L2): what `TILES` should be."""
     from sgjit.kernels.cuda.gemv import TILES, GemvLinear
 
     swept: dict[str, float] = {}
     for name, n, k in GEMV_WEIGHTS[1:4]:  # o_proj, gate_up, down
         copies = max(1, -(-3 * profile.l2_bytes // (2 * n * k)))
         ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
-        for m in (2, 4, 8):
+        for m in (1, 2, 4, 8):
             x = torch.randn(m, k, device=DEV, dtype=BF16)
             times = {}
             for tile in GEMV_TILE_CANDIDATES:

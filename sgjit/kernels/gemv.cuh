@@ -266,9 +266,10 @@ template <typename T, typename KVT> struct EpiRopeStoreKV {
 // ---- the body -----------------------------------------------------------------------------------
 
 // One group of WARPS * NPW output channels: stream their weight rows against the m input rows,
-// reduce, finish through the epilogue. `first`: the block's first group (it prepares the input).
+// reduce, finish through the epilogue. `first`: the block's first group (it prepares the input);
+// `last`: its last (it lets the next kernel start).
 template <typename T, typename W, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi, typename Tile>
-__device__ __forceinline__ void gemv_group(int g, bool first, X& xin, const W* __restrict__ w,
+__device__ __forceinline__ void gemv_group(int g, bool first, bool last, X& xin, const W* __restrict__ w,
                                            const float* __restrict__ scale, const T* __restrict__ bias, int m, int k,
                                            const Epi& epi, float* red, Tile tile) {
   constexpr int EPV = Widen<W>::N;  // weight elements per 16-byte load
@@ -329,15 +330,18 @@ __device__ __forceinline__ void gemv_group(int g, bool first, X& xin, const W* _
     pdl_wait();
     if constexpr (X::kPrologue) xin.template prepare<ROWS, WARPS * 32>(m, red);
   }
+  // The next kernel may start once the block's last group has issued its last weight loads, so its
+  // first loads are in flight while these land (H100, 8B b=1: 176.8 -> 182.1 tok/s against a
+  // trigger after the last consume, which left DRAM idle across every kernel boundary; at the block's
+  // start, its waiting blocks slowed the GEMVs down: docs/performance.md).
+  if (last && lane + 32 * UNROLL >= vecs) pdl_launch_dependents();
   if (lane < vecs) consume(lane);
   for (int base = lane + 32 * UNROLL; base < vecs; base += 32 * UNROLL) {
     fetch(base);
+    if (last && base + 32 * UNROLL >= vecs) pdl_launch_dependents();
     consume(base);
   }
-
-  // The next kernel may start as this block's loads are done (earlier, its waiting blocks slowed the
-  // 8B GEMVs down: docs/performance.md).
-  pdl_launch_dependents();
+  if (last) pdl_launch_dependents();  // lanes past the row's end
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -385,9 +389,10 @@ __device__ __forceinline__ void gemv_body(X& xin, const W* __restrict__ w, const
   const int groups = epi.groups(CPB);
   if constexpr (X::kPrologue) {
     for (int g = blockIdx.x; g < groups; g += gridDim.x)
-      gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, xin, w, scale, bias, m, k, epi, red, tile);
+      gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, g + (int)gridDim.x >= groups, xin, w,
+                                                 scale, bias, m, k, epi, red, tile);
   } else if ((int)blockIdx.x < groups) {
-    gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(blockIdx.x, true, xin, w, scale, bias, m, k, epi, red, tile);
+    gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(blockIdx.x, true, true, xin, w, scale, bias, m, k, epi, red, tile);
   }
 }
 

@@ -232,19 +232,17 @@ def _layer_bytes(shapes: ModelShapes) -> int:
 
 
 # Programmatic dependent launch (kernels/cuda/pdl.py) of the decode GEMVs and attention captured in CUDA
-# graphs, sm_90+: a kernel starts as the one before it finishes its loads, its first weight loads in
-# flight before it waits. It pays where a layer's weights stream in about what its launches cost:
-# SmolLM2-135M b=1 decode 1365 -> 1529 tok/s on the H100 (docs/performance.md). On the 8B shape
-# (436 MB a layer) it measured 2% slower (168 -> 165 tok/s), so large layers launch plainly.
+# graphs, sm_90+: a kernel starts as the one before it issues its last loads, its own first weight loads
+# in flight before it waits. SmolLM2-135M b=1 decode 1365 -> 1529 tok/s on the H100; on the 8B shape
+# 176.8 -> 182.1 tok/s once the GEMVs let the next kernel start at their last loads rather than after
+# them (it had measured 2% slower with the later trigger: docs/performance.md).
 DEPENDENT_LAUNCH_OPS = ("linear", "attention", *FUSED_OPS)
 
 
 def _dependent_launch(profile: DeviceProfile, shapes: ModelShapes) -> tuple[bool, str]:
     if profile.compute_capability < (9, 0):
         return False, "plain launches (dependent launch needs sm_90)"
-    if _layer_bytes(shapes) > SMALL_LAYER_BYTES:
-        return False, "plain launches (large layers: dependent launches were no faster)"
-    return True, "dependent launches in captured graphs (small layers)"
+    return True, "dependent launches in captured graphs"
 
 
 def _fused_rows(

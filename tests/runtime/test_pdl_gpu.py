@@ -26,7 +26,7 @@ def test_dependent_launches_change_no_token(model, monkeypatch):
     weights give near-flat logits, so a read that raced its producer would show as a changed token."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
-    # every shape on dependent launches (the selector keeps them to small layers, where they pay)
+    # every shape on dependent launches (whatever the selector would choose)
     monkeypatch.setattr(selector, "_dependent_launch", lambda profile, shapes: (True, "test"))
     calls = []
     real = module.launch_dependent
