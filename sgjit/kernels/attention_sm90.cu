@@ -456,25 +456,6 @@ __device__ __forceinline__ WorkItem work_item(int w, const int* __restrict__ wor
   return it;
 }
 
-// The K/V ring across a CTA's items: tile t of every item fills stage t % STAGES, so a stage's
-// shared address follows the loop counter alone, which ptxas keeps in uniform registers for the MMA
-// descriptors (counting fills across items made it depend on loaded values: ~60 more instructions
-// a tile to move descriptors into uniform registers, and a slower loop). Stages then fill unevenly
-// across items, so each keeps its own phase: bit s of `bits` is the parity of stage s's next fill
-// at the current item's start.
-template <int STAGES> struct RingPhases {
-  u32 bits = 0;
-  // Parity of tile t's fill of its stage, within the current item.
-  __device__ __forceinline__ int parity(int t) const { return ((bits >> (t % STAGES)) ^ (t / STAGES)) & 1; }
-  // Past an item of n tiles: stage s took ceil((n - s) / STAGES) fills.
-  __device__ __forceinline__ void advance(int n) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      if (n > s) bits ^= (u32)(((n - 1 - s) / STAGES + 1) & 1) << s;
-    }
-  }
-};
-
 // The CTA's k-th work index. A grid of one CTA an item takes one each; a persistent grid (a CTA a
 // SM) walks the list in rounds of gridDim.x, snaking (even rounds left to right, odd ones right to
 // left) so that over a list sorted heaviest first each CTA's sum of work comes out even.
@@ -550,8 +531,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   }
   __syncthreads();
 
-  // Both roles walk the same items and keep the ring's phases across them (RingPhases). The producer
-  // runs ahead into the next item's tiles while the consumers finish the last ones of this item.
+  // Both roles walk the same items and count the ring's fills across them: fill f of the CTA goes to
+  // stage f % STAGES, phase f / STAGES. The producer runs ahead into the next item's tiles while the
+  // consumers finish the last ones of this item.
   if (wg == 0) {
     // ---- producer: K and V tiles of the rows' pages -> the ring ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::PRODUCER));
@@ -566,8 +548,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         tensormap_acquire(vmap + 2 * 128);
       }
     }
-    RingPhases<STAGES> ring;
-    u32 filled = 0;  // stages filled before: their refills wait for the consumers' release
+    int fills = 0;
     for (int k = 0; has_item(k); ++k) {
       const WorkItem it = item_at(k);
       const int* pages = page_table + (i64)it.row * pt_stride;
@@ -581,10 +562,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       // Both assume finite pool values (garbage x 0 = 0; NaN or Inf x 0 is NaN): the pool is zeroed
       // at allocation and written only by the kernels, with finite values of a finite model.
       const int last_page = (it.kv_stop - 1) / PAGE;
-      for (int t = 0; t < it.num_tiles; ++t) {
-        const int s = t % STAGES, empty_parity = ring.parity(t) ^ 1;
-        const bool refill = (filled >> s) & 1;
-        filled |= 1u << s;
+      for (int t = 0; t < it.num_tiles; ++t, ++fills) {
+        const int s = fills % STAGES, empty_parity = ((fills / STAGES) + 1) & 1;
+        const bool refill = fills >= STAGES;
         const int tile0 = it.kv_begin + t * BN;
         // The tile's pages (tile0 is a multiple of BN, so it spans max(1, BN / PAGE) of them), one
         // lane each, looked up before the stage frees up; each copy takes its page by shuffle.
@@ -602,8 +582,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
           // refilled once freed. The serial ones free both at once and the producer waits for both
           // before K: a warpgroup that skips a tile arrives after waiting for its K alone, so its
           // arrival must not count towards V's previous phase.
-          if (refill && kv == 0) mbar_wait(empty_k(s), empty_parity, WAIT_EMPTY_K, t);
-          if (refill && kv == (OVERLAP ? 1 : 0)) mbar_wait(empty_v(s), empty_parity, WAIT_EMPTY_V, t);
+          if (refill && kv == 0) mbar_wait(empty_k(s), empty_parity, WAIT_EMPTY_K, fills);
+          if (refill && kv == (OVERLAP ? 1 : 0)) mbar_wait(empty_v(s), empty_parity, WAIT_EMPTY_V, fills);
           const u32 full = kv == 0 ? full_k(s) : full_v(s);
           const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
           if constexpr (TMA) {
@@ -646,16 +626,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
           }
         }
       }
-      ring.advance(it.num_tiles);
     }
     if constexpr (TMA) {
       // The CTA must not end with copies still landing in its shared memory: wait for each stage's
       // last fill (the consumers wait for every fill too; this keeps that out of their hands).
-      for (int s = 0; s < STAGES; ++s) {
-        if (!((filled >> s) & 1)) continue;
-        const int last_parity = ((ring.bits >> s) & 1) ^ 1;
-        mbar_wait(full_k(s), last_parity, WAIT_FULL_K, -1);
-        mbar_wait(full_v(s), last_parity, WAIT_FULL_V, -1);
+      for (int s = 0; s < STAGES && s < fills; ++s) {
+        const int f_last = s + (fills - 1 - s) / STAGES * STAGES;
+        mbar_wait(full_k(s), (f_last / STAGES) & 1, WAIT_FULL_K, f_last);
+        mbar_wait(full_v(s), (f_last / STAGES) & 1, WAIT_FULL_V, f_last);
       }
     } else {
       asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -669,13 +647,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   const u32 q_rows = sq + cw * 64 * 128;
   auto stage_k = [&](int s) { return sring + 2 * s * TILE_BYTES; };
 
-  // The warpgroup's Q rows of an item -> shared (zero past the row's queries), asynchronously; the
-  // next item's are loaded as soon as this item's last Q K^T is done, behind its last P V and its
-  // output. wait_q makes them visible to the async proxy before any MMA.
-  auto load_q = [&](const WorkItem& it) {
-    // A fixed trip count (a loop bound ptxas cannot prove uniform makes the rest of the item's code
-    // divergent to it: MMA descriptors then leave the uniform registers), not unrolled (ptxas would
-    // keep each copy's address live through the main loop, and spill).
+  // The warpgroup's Q rows of an item -> shared (zero past the row's queries), asynchronously, once
+  // the last MMA that reads the previous item's Q is done; wait_q makes them visible to the async
+  // proxy before any MMA. A fixed trip count, not unrolled (ptxas would keep each copy's address
+  // live through the main loop, and spill).
+  auto load_q = [&](int k) {
+    named_sync(BAR_Q + cw, 128);  // every warp of the warpgroup is past its MMAs on the old Q
+    if (!has_item(k)) return;
+    const WorkItem it = item_at(k);
 #pragma unroll 1
     for (int j = 0; j < 64 * CPR / 128; ++j) {
       const int c = warp * 32 + lane + j * 128;
@@ -693,148 +672,32 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     named_sync(BAR_Q + cw, 128);
   };
 
-  RingPhases<STAGES> ring;
-  if (has_item(0)) load_q(item_at(0));
-  for (int k = 0; has_item(k); ++k) {
-    // Once the last MMA that reads this item's Q is done (every thread of the warpgroup past it):
-    // in the overlapped schedules while the last P V runs, else after the main loop. (Within the
-    // main loop, as the last Q K^T completes, it cost the loop ~200 instructions of code and was
-    // slower.)
-    auto load_next_q = [&] {
-      named_sync(BAR_Q + cw, 128);
-      if (has_item(k + 1)) load_q(item_at(k + 1));
-    };
-    wait_q();
-
-    // What the main loop needs of the item; the finish reads the item again (fewer registers live
-    // through the loop).
-    int qpos[2], kv_begin, kv_end, num_tiles, wg_pos_first, wg_pos_last;
-    {
-      const WorkItem it = item_at(k);
-      const int r_cta = cw * 64 + warp * 16 + lane / 4;  // this thread's rows: r and r + 8 of its warp's 16
+  // What the main loop needs of item k: this thread's rows' query positions (rows r and r + 8 of its
+  // warp's 16, the wgmma accumulator layout), the warpgroup's first and last, the item's keys.
+  struct Rows {
+    int qpos[2], wg_pos_first, wg_pos_last, kv_begin, kv_end, num_tiles;
+  };
+  auto rows_of = [&](int k) {
+    const WorkItem it = item_at(k);
+    Rows r;
+    const int r_cta = cw * 64 + warp * 16 + lane / 4;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = (it.pr0 + r_cta + 8 * hf) / G;
-        qpos[hf] = i < it.q_len ? it.kv_len - it.q_len + i : -1;
-      }
-      // The warpgroup's own query positions: tiles past its last are skipped (serial schedules), tiles
-      // past its first masked.
-      const int wg_tok_first = (it.pr0 + cw * 64) / G;
-      wg_pos_first = it.kv_len - it.q_len + wg_tok_first;
-      wg_pos_last =
-          wg_tok_first < it.q_len ? it.kv_len - it.q_len + min(it.q_len - 1, (it.pr0 + cw * 64 + 63) / G) : -1;
-      kv_begin = it.kv_begin, kv_end = it.kv_end, num_tiles = it.num_tiles;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = (it.pr0 + r_cta + 8 * hf) / G;
+      r.qpos[hf] = i < it.q_len ? it.kv_len - it.q_len + i : -1;
     }
-    auto need_mask = [&](int tile0) { return tile0 + BN > kv_end || tile0 + BN - 1 > wg_pos_first; };
+    const int wg_tok_first = (it.pr0 + cw * 64) / G;
+    r.wg_pos_first = it.kv_len - it.q_len + wg_tok_first;
+    r.wg_pos_last =
+        wg_tok_first < it.q_len ? it.kv_len - it.q_len + min(it.q_len - 1, (it.pr0 + cw * 64 + 63) / G) : -1;
+    r.kv_begin = it.kv_begin, r.kv_end = it.kv_end, r.num_tiles = it.num_tiles;
+    return r;
+  };
+  // Tiles past the warpgroup's first query position (or a split's end) take the masked softmax.
+  auto need_mask = [&](const Rows& r, int tile0) { return tile0 + BN > r.kv_end || tile0 + BN - 1 > r.wg_pos_first; };
 
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    float sacc[BN / 2], corr[2];
-    u32 p[PSTEPS][4];
-
-    if constexpr (!OVERLAP) {
-      // A warpgroup skips the tiles past its last row, except under SCHED_PINGPONG: there both run
-      // every tile of the CTA (masking covers rows that end before it), two turns a tile (Q K^T, then
-      // P V), and no MMA sits on a path ptxas must treat as divergent (it serializes them then).
-      Turns<PINGPONG> turns(cw, 2 * num_tiles);
-      for (int t = 0; t < num_tiles; ++t) {
-        const int s = t % STAGES, parity = ring.parity(t);
-        const int tile0 = kv_begin + t * BN;
-        const u32 sk = stage_k(s), sv = sk + TILE_BYTES;
-        const bool active = PINGPONG || tile0 <= wg_pos_last;
-        mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
-        if (!TMA && active) fence_proxy_async();  // cp.async wrote the tile by the generic proxy; TMA need not
-        turns.begin();
-        if (active) {
-          wgmma_fence();
-          issue_qk<T, D, BN>(sacc, q_rows, sk);
-          wgmma_commit();
-        }
-        turns.end(false);
-        if (active) {
-          wgmma_wait<0>();
-          pin<BN / 2>(sacc);
-          online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
-          rescale_if_moved<D>(o, corr);
-          pack_p<T, BN>(p, sacc);
-          mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
-          if (!TMA) fence_proxy_async();
-        }
-        turns.begin();
-        if (active) {
-          wgmma_fence();
-          issue_pv<T, D, BN>(o, p, sv);
-          wgmma_commit();
-        }
-        turns.end(t == num_tiles - 1);
-        if (active) {
-          wgmma_wait<0>();
-          pin<D / 2>(o);
-        }
-        release(empty_k(s), lane);
-        release(empty_v(s), lane);
-      }
-    } else {
-      // Both warpgroups run every tile of the CTA (masking covers rows that end before it), so their
-      // turns pair up: one a tile after the first, which issues Q K^T of tile j with P V of tile j - 1.
-      Turns<PINGPONG> turns(cw, num_tiles > 0 ? num_tiles - 1 : 0);
-      if (num_tiles > 0) {
-        const int s = 0, parity = ring.parity(0);
-        mbar_wait(full_k(s), parity, WAIT_FULL_K, 0);
-        if (!TMA) fence_proxy_async();
-        wgmma_fence();
-        issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin<BN / 2>(sacc);
-        release(empty_k(s), lane);
-        online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(kv_begin), kv_begin, kv_end, qpos, lane, scale_log2);
-        pack_p<T, BN>(p, sacc);  // O is still zero: no rescale
-      }
-      for (int t = 1; t < num_tiles; ++t) {
-        const int s = t % STAGES, parity = ring.parity(t);
-        const int sp = (t - 1) % STAGES, parity_p = ring.parity(t - 1);
-        const int tile0 = kv_begin + t * BN;
-        mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
-        mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, t - 1);
-        if (!TMA) fence_proxy_async();
-        turns.begin();
-        wgmma_fence();  // after the last writes of O (rescale) and P (pack)
-        issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
-        wgmma_commit();
-        issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
-        wgmma_commit();
-        turns.end(t == num_tiles - 1);
-        wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run
-        pin<BN / 2>(sacc);
-        release(empty_k(s), lane);
-        online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
-        pin<BN / 2>(sacc);  // the softmax stays ahead of the wait below
-        wgmma_wait<0>();
-        pin<D / 2>(o);
-        release(empty_v(sp), lane);
-        rescale_if_moved<D>(o, corr);
-        pack_p<T, BN>(p, sacc);
-      }
-      if (num_tiles > 0) {
-        const int f = num_tiles - 1, sp = f % STAGES, parity_p = ring.parity(f);
-        mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, f);
-        if (!TMA) fence_proxy_async();
-        wgmma_fence();
-        issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
-        wgmma_commit();
-        load_next_q();  // while the last P V runs
-        wgmma_wait<0>();
-        pin<D / 2>(o);
-        release(empty_v(sp), lane);
-      }
-    }
-    ring.advance(num_tiles);
-    if (!OVERLAP || num_tiles == 0) load_next_q();
-
-    // ---- finish: row sums across the quad, normalise, write (or the split's partial result) ----
+  // ---- an item's output: row sums across the quad, normalise, write (or the split's partial result) ----
+  auto finish = [&](int k, const float* o, const float* m_run, const float* l_run) {
     const WorkItem it = item_at(k);
     const int r_cta = cw * 64 + warp * 16 + lane / 4;
     const bool split_out = num_splits > 1;
@@ -862,5 +725,155 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         part_lse[(i64)it.split * num_tokens * hq + head_row] = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
       }
     }
+  };
+
+  float o[D / 2];
+  float m_run[2], l_run[2], sacc[BN / 2], corr[2];
+  u32 p[PSTEPS][4];
+  auto reset = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+  };
+
+  if constexpr (!OVERLAP) {
+    // Item by item. A warpgroup skips the tiles past its last row, except under SCHED_PINGPONG: there
+    // both run every tile of the CTA (masking covers rows that end before it), two turns a tile (Q K^T,
+    // then P V), and no MMA sits on a path ptxas must treat as divergent (it serializes them then).
+    load_q(0);
+    int used = 0;  // ring fills consumed by earlier items
+    for (int k = 0; has_item(k); ++k) {
+      wait_q();
+      const Rows r = rows_of(k);
+      reset();
+      Turns<PINGPONG> turns(cw, 2 * r.num_tiles);
+      for (int t = 0; t < r.num_tiles; ++t) {
+        const int f = used + t, s = f % STAGES, parity = (f / STAGES) & 1;
+        const int tile0 = r.kv_begin + t * BN;
+        const u32 sk = stage_k(s), sv = sk + TILE_BYTES;
+        const bool active = PINGPONG || tile0 <= r.wg_pos_last;
+        mbar_wait(full_k(s), parity, WAIT_FULL_K, f);
+        if (!TMA && active) fence_proxy_async();  // cp.async wrote the tile by the generic proxy; TMA need not
+        turns.begin();
+        if (active) {
+          wgmma_fence();
+          issue_qk<T, D, BN>(sacc, q_rows, sk);
+          wgmma_commit();
+        }
+        turns.end(false);
+        if (active) {
+          wgmma_wait<0>();
+          pin<BN / 2>(sacc);
+          online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, tile0), tile0, r.kv_end, r.qpos, lane, scale_log2);
+          rescale_if_moved<D>(o, corr);
+          pack_p<T, BN>(p, sacc);
+          mbar_wait(full_v(s), parity, WAIT_FULL_V, f);
+          if (!TMA) fence_proxy_async();
+        }
+        turns.begin();
+        if (active) {
+          wgmma_fence();
+          issue_pv<T, D, BN>(o, p, sv);
+          wgmma_commit();
+        }
+        turns.end(t == r.num_tiles - 1);
+        if (active) {
+          wgmma_wait<0>();
+          pin<D / 2>(o);
+        }
+        release(empty_k(s), lane);
+        release(empty_v(s), lane);
+      }
+      used += r.num_tiles;
+      load_q(k + 1);
+      finish(k, o, m_run, l_run);
+    }
+  } else {
+    // One flat loop over the tiles of all the CTA's items, fill f of the ring being tile f of the
+    // walk (a loop nested in an item loop made ptxas build the MMA descriptors outside the uniform
+    // registers: ~60 more instructions a tile). Both warpgroups run every tile (masking covers rows
+    // that end before it), so their turns pair up, one a fill after the first; each issues Q K^T of
+    // fill f with P V of fill f - 1, also where f starts a new item: that item's Q was loaded once the
+    // old item's last Q K^T was done, its softmax starts afresh, and the old item's output is written
+    // once its last P V is.
+    int fills = 0;  // every item of a persistent walk has keys (the host splits no rows then)
+    for (int k = 0; has_item(k); ++k) fills += item_at(k).num_tiles;
+    Turns<PINGPONG> turns(cw, fills > 0 ? fills - 1 : 0);
+    int k = 0;
+    Rows r = rows_of(0);
+    int item_start = 0;  // the item's first fill
+    load_q(0);
+    wait_q();
+    reset();
+    if (fills > 0) {
+      mbar_wait(full_k(0), 0, WAIT_FULL_K, 0);
+      if (!TMA) fence_proxy_async();
+      wgmma_fence();
+      issue_qk<T, D, BN>(sacc, q_rows, stage_k(0));
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin<BN / 2>(sacc);
+      release(empty_k(0), lane);
+      if (r.num_tiles == 1) load_q(1);
+      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, r.kv_begin), r.kv_begin, r.kv_end, r.qpos, lane,
+                         scale_log2);
+      pack_p<T, BN>(p, sacc);  // O is still zero: no rescale
+    }
+    for (int f = 1; f < fills; ++f) {
+      const int s = f % STAGES, parity = (f / STAGES) & 1;
+      const int sp = (f - 1) % STAGES, parity_p = ((f - 1) / STAGES) & 1;
+      const bool first = f == item_start + r.num_tiles;  // f starts item k + 1
+      float m_old[2], l_old[2];
+      if (first) {
+        m_old[0] = m_run[0], m_old[1] = m_run[1], l_old[0] = l_run[0], l_old[1] = l_run[1];
+        m_run[0] = m_run[1] = -INFINITY;
+        l_run[0] = l_run[1] = 0.f;
+        ++k;
+        item_start = f;
+        r = rows_of(k);
+        wait_q();
+      }
+      const int tile0 = r.kv_begin + (f - item_start) * BN;
+      mbar_wait(full_k(s), parity, WAIT_FULL_K, f);
+      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, f - 1);
+      if (!TMA) fence_proxy_async();
+      turns.begin();
+      wgmma_fence();  // after the last writes of O (rescale) and P (pack)
+      issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
+      wgmma_commit();
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      wgmma_commit();
+      turns.end(f == fills - 1);
+      wgmma_wait<1>();  // S of fill f; P V of fill f - 1 may still run
+      pin<BN / 2>(sacc);
+      release(empty_k(s), lane);
+      if (f == item_start + r.num_tiles - 1) load_q(k + 1);  // the item's last Q K^T is done
+      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, tile0), tile0, r.kv_end, r.qpos, lane, scale_log2);
+      pin<BN / 2>(sacc);  // the softmax stays ahead of the wait below
+      wgmma_wait<0>();
+      pin<D / 2>(o);
+      release(empty_v(sp), lane);
+      if (first) {
+        finish(k - 1, o, m_old, l_old);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      } else {
+        rescale_if_moved<D>(o, corr);
+      }
+      pack_p<T, BN>(p, sacc);
+    }
+    if (fills > 0) {
+      const int f = fills - 1, sp = f % STAGES, parity_p = (f / STAGES) & 1;
+      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, f);
+      if (!TMA) fence_proxy_async();
+      wgmma_fence();
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin<D / 2>(o);
+      release(empty_v(sp), lane);
+    }
+    if (has_item(0)) finish(k, o, m_run, l_run);
   }
 }
