@@ -289,13 +289,14 @@ __device__ __forceinline__ void issue_qk(float* sacc, u32 q_rows, u32 sk) {
   }
 }
 
-// O += P V: P from registers (k16 step j = the n8 blocks 2j, 2j+1 of S), V from shared.
+// O += P V (O = P V with acc 0: a new item's first tile, without writing O first, which made ptxas
+// serialize the MMAs): P from registers (k16 step j = the n8 blocks 2j, 2j+1 of S), V from shared.
 template <typename T, int D, int BN>
-__device__ __forceinline__ void issue_pv(float* o, const u32 (*p)[4], u32 sv) {
+__device__ __forceinline__ void issue_pv(float* o, const u32 (*p)[4], u32 sv, int acc = 1) {
   // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
   const u64 db0 = sw128_desc(sv, BN * 128, 1024);
 #pragma unroll
-  for (int j = 0; j < BN / 16; ++j) wgmma_rs<T, D>(o, p[j], db0 + ((j * 2048) >> 4), 1);
+  for (int j = 0; j < BN / 16; ++j) wgmma_rs<T, D>(o, p[j], db0 + ((j * 2048) >> 4), j > 0 || acc);
 }
 
 // How far (log2 units) a tile's max may pass the running max before the running max moves. Below
@@ -694,7 +695,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     return r;
   };
   // Tiles past the warpgroup's first query position (or a split's end) take the masked softmax.
-  auto need_mask = [&](const Rows& r, int tile0) { return tile0 + BN > r.kv_end || tile0 + BN - 1 > r.wg_pos_first; };
+  auto need_mask = [&](const Rows& r, int tile0) { return __all_sync(0xffffffffu, tile0 + BN > r.kv_end || tile0 + BN - 1 > r.wg_pos_first); };
 
   // ---- an item's output: row sums across the quad, normalise, write (or the split's partial result) ----
   auto finish = [&](int k, const float* o, const float* m_run, const float* l_run) {
@@ -820,10 +821,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                          scale_log2);
       pack_p<T, BN>(p, sacc);  // O is still zero: no rescale
     }
+    bool fresh = false;  // the P V to issue is its item's first
     for (int f = 1; f < fills; ++f) {
       const int s = f % STAGES, parity = (f / STAGES) & 1;
       const int sp = (f - 1) % STAGES, parity_p = ((f - 1) / STAGES) & 1;
-      const bool first = f == item_start + r.num_tiles;  // f starts item k + 1
+      const bool first = __all_sync(0xffffffffu, f == item_start + r.num_tiles);  // f starts item k + 1
       float m_old[2], l_old[2];
       if (first) {
         m_old[0] = m_run[0], m_old[1] = m_run[1], l_old[0] = l_run[0], l_old[1] = l_run[1];
@@ -842,25 +844,24 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       wgmma_fence();  // after the last writes of O (rescale) and P (pack)
       issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
       wgmma_commit();
-      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES, !fresh);
       wgmma_commit();
       turns.end(f == fills - 1);
       wgmma_wait<1>();  // S of fill f; P V of fill f - 1 may still run
       pin<BN / 2>(sacc);
       release(empty_k(s), lane);
-      if (f == item_start + r.num_tiles - 1) load_q(k + 1);  // the item's last Q K^T is done
+      if (__all_sync(0xffffffffu, f == item_start + r.num_tiles - 1)) load_q(k + 1);  // the item's last Q K^T is done
       online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, tile0), tile0, r.kv_end, r.qpos, lane, scale_log2);
       pin<BN / 2>(sacc);  // the softmax stays ahead of the wait below
       wgmma_wait<0>();
       pin<D / 2>(o);
       release(empty_v(sp), lane);
       if (first) {
-        finish(k - 1, o, m_old, l_old);
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        finish(k - 1, o, m_old, l_old);  // O's next P V starts it afresh (fresh)
       } else {
         rescale_if_moved<D>(o, corr);
       }
+      fresh = first;
       pack_p<T, BN>(p, sacc);
     }
     if (fills > 0) {
@@ -868,7 +869,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, f);
       if (!TMA) fence_proxy_async();
       wgmma_fence();
-      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES, !fresh);
       wgmma_commit();
       wgmma_wait<0>();
       pin<D / 2>(o);

@@ -79,7 +79,9 @@ class Sm90Prefill:
         table = meta.page_table
         maps, layer = self.maps(kv.k, kv.v) if self.maps is not None else (None, 0)
         total = hkv * items * splits
-        ctas = min(total, self.sm_count) if self.persistent else total
+        # A split of a row's keys can be empty, which the kernel's walk over several items does not
+        # take: rows split (few long rows: fewer items than SMs anyway) get a CTA an item.
+        ctas = min(total, self.sm_count) if self.persistent and splits == 1 else total
         launch(
             self.kernel, (ctas,), Sm90Tile.THREADS,
             (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
