@@ -6,7 +6,8 @@ in a streaming kernel is the main loop a tile or page of work runs through).
 
 The counts say where a kernel's instructions go before any profiler runs: in the Hopper prefill they
 showed a third of the main loop spent on a mask that only a causal row's last tiles need
-(docs/profiling.md). cuobjdump ships with the CUDA toolkit and in the `nvidia-cuda-cuobjdump` wheel;
+(docs/profiling.md). `--loops` lists every loop with the counts that tell a loop's MMAs were
+serialized, their descriptors built outside the uniform registers, or registers spilled. cuobjdump ships with the CUDA toolkit and in the `nvidia-cuda-cuobjdump` wheel;
 set CUOBJDUMP to its path where it is neither on PATH nor beside nvcc."""
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def parse(sass: str) -> dict[str, list[Instr]]:
     return kernels
 
 
-def largest_loop(instrs: list[Instr]) -> list[Instr]:
-    """The instructions of the longest conditional backward branch's span (target .. branch), or
-    none. Unconditional backward branches are left out: ptxas closes a loop with a predicated
-    branch, and jumps back from out-of-line code (a divergent shuffle's slow path) without one."""
-    best: tuple[int, int] = (0, -1)
+def loops(instrs: list[Instr]) -> list[list[Instr]]:
+    """Every loop's instructions (a conditional backward branch's span, target .. branch), in
+    address order of their branches. Unconditional backward branches are left out: ptxas closes a
+    loop with a predicated branch, and jumps back from out-of-line code (a divergent shuffle's slow
+    path) without one."""
+    spans = []
     for i, ins in enumerate(instrs):
         if ins.opcode != "BRA" or not ins.text.startswith("@"):
             continue
@@ -69,9 +71,26 @@ def largest_loop(instrs: list[Instr]) -> list[Instr]:
         target = int(m.group(1), 16)
         if target < ins.address:
             start = next((j for j, x in enumerate(instrs) if x.address >= target), i)
-            if i - start > best[1] - best[0]:
-                best = (start, i)
-    return instrs[best[0] : best[1] + 1]
+            spans.append(instrs[start : i + 1])
+    return spans
+
+
+def largest_loop(instrs: list[Instr]) -> list[Instr]:
+    """The longest of `loops`, or none."""
+    return max(loops(instrs), key=len, default=[])
+
+
+# What a loop line counts beside its length: warpgroup MMAs; R2UR, a move from an ordinary to a uniform
+# register (where the MMA descriptors are built in ordinary registers, a few before every HGMMA;
+# built in uniform ones, UIADD3 instead); WARPGROUP.DEPBAR, a wait for MMAs (about one a GEMM; one
+# after every HGMMA means ptxas serialized them); local-memory loads and stores (spills).
+LOOP_COUNTS = ("HGMMA", "R2UR", "UIADD3", "DEPBAR", "LDL", "STL")
+
+
+def loop_counts(loop: list[Instr]) -> dict[str, int]:
+    counts = opcode_counts(loop)
+    counts["DEPBAR"] = sum("WARPGROUP.DEPBAR" in ins.text for ins in loop)
+    return {k: counts[k] for k in LOOP_COUNTS}
 
 
 def opcode_counts(instrs: list[Instr]) -> Counter:
@@ -111,7 +130,7 @@ def disassemble(family: str, name: str, arch: str) -> str:
     return out.stdout
 
 
-def report(sass: str, top: int = 16) -> str:
+def report(sass: str, top: int = 16, all_loops: bool = False) -> str:
     lines = []
     for kernel, instrs in parse(sass).items():
         loop = largest_loop(instrs)
@@ -119,6 +138,12 @@ def report(sass: str, top: int = 16) -> str:
         for label, part in (("kernel", instrs), ("loop", loop)):
             common = opcode_counts(part).most_common(top)
             lines.append(f"  {label}: " + ", ".join(f"{op} {n}" for op, n in common))
+        if all_loops:
+            for each in loops(instrs):
+                counts = ", ".join(f"{k} {n}" for k, n in loop_counts(each).items())
+                lines.append(
+                    f"  loop {each[0].address:#06x}-{each[-1].address:#06x}: {len(each)} instructions; {counts}"
+                )
     return "\n".join(lines)
 
 
@@ -131,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--top", type=int, default=16, help="opcodes listed per part")
     ap.add_argument("--dump", metavar="FILE", help="also write the whole SASS here")
+    ap.add_argument(
+        "--loops",
+        action="store_true",
+        help="list every loop: length, MMAs, uniform-register moves, MMA waits, spills",
+    )
     args = ap.parse_args(argv)
     try:
         sass = disassemble(args.family, args.name, args.arch)
@@ -139,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.dump:
         Path(args.dump).write_text(sass)
-    print(report(sass, args.top))
+    print(report(sass, args.top, args.loops))
     return 0
 
 

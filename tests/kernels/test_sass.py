@@ -50,6 +50,33 @@ def test_largest_loop_is_the_span_of_a_conditional_backward_branch():
     assert "_Z6kernelPf: 9 instructions; largest loop 5" in text
 
 
+NESTED = """
+		Function : _Z4walkv
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   R2UR UR8, R4 ;
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0040*/                   UIADD3 UR4, UR4, 0x1, URZ ;
+        /*0050*/                   STL [R1], R2 ;
+        /*0060*/               @P0 BRA 0x10 ;
+        /*0070*/                   LDL R2, [R1] ;
+        /*0080*/              @!P1 BRA 0x0 ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_every_loop_is_listed_with_its_mma_uniform_and_spill_counts():
+    k = sass.parse(NESTED)["_Z4walkv"]
+    inner, outer = sass.loops(k)  # in the order of their closing branches
+    assert [len(inner), len(outer)] == [6, 9]
+    assert sass.largest_loop(k) == outer
+    assert sass.loop_counts(inner) == {"HGMMA": 1, "R2UR": 1, "UIADD3": 1, "DEPBAR": 1, "LDL": 0, "STL": 1}
+    assert sass.loop_counts(outer)["LDL"] == 1
+    text = sass.report(NESTED, top=2, all_loops=True)
+    assert "loop 0x0010-0x0060: 6 instructions; HGMMA 1, R2UR 1, UIADD3 1, DEPBAR 1, LDL 0, STL 1" in text
+    assert "loop 0x" not in sass.report(NESTED, top=2)
+
+
 @pytest.mark.skipif(
     sass.find_nvcc() is None or sass.find_cuobjdump() is None, reason="needs nvcc and cuobjdump"
 )
