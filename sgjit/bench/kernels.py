@@ -310,6 +310,16 @@ def _prefill_one(
         t = median_cuda_seconds(lambda: op(run.q, run.kv, run.meta, scale), reps=10)
         detail[f"prefill_{t_len}_consecutive_pages_us"] = {chosen: t * 1e6}
         add_row(f"prefill attention (selected: {chosen}), pages in id order", t)
+        sm90 = getattr(op, "sm90", None)
+        if sm90 is not None:  # the persistent walk (the default) against a CTA an item, same pages
+            sm90.persistent = False
+            try:
+                for order, c in (("random order", case), ("id order", run)):
+                    t = median_cuda_seconds(lambda c=c: op(c.q, c.kv, c.meta, scale), reps=10)
+                    detail[f"prefill_{t_len}_cta_an_item_{order.split()[0]}_us"] = {chosen: t * 1e6}
+                    add_row(f"prefill attention (selected: {chosen}), a CTA an item, pages in {order}", t)
+            finally:
+                sm90.persistent = True
     return {name: flops / t for name, t in times.items()}
 
 

@@ -246,18 +246,16 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // turns but the last, lets it go again; warpgroup 0 lets warpgroup 1 go after each of its turns.
 // Nothing is left arrived at the end. With ON false every call is empty.
 template <bool ON> struct Turns {
-  int cw, left;
-  __device__ __forceinline__ Turns(int cw_, int turns) : cw(cw_), left(turns) {
-    if (ON && cw == 1 && left > 0) named_arrive(BAR_TURN + 0, 256);
+  int cw;
+  __device__ __forceinline__ Turns(int cw_, int turns) : cw(cw_) {
+    if (ON && cw == 1 && turns > 0) named_arrive(BAR_TURN + 0, 256);
   }
   __device__ __forceinline__ void begin() {
     if (ON) named_sync(BAR_TURN + cw, 256);
   }
-  __device__ __forceinline__ void end() {
-    if (ON) {
-      --left;
-      if (cw == 0 || left > 0) named_arrive(BAR_TURN + 1 - cw, 256);
-    }
+  // last: this was the warpgroup's last turn (the caller counts them: no register kept for it).
+  __device__ __forceinline__ void end(bool last) {
+    if (ON && (cw == 0 || !last)) named_arrive(BAR_TURN + 1 - cw, 256);
   }
 };
 
@@ -291,13 +289,14 @@ __device__ __forceinline__ void issue_qk(float* sacc, u32 q_rows, u32 sk) {
   }
 }
 
-// O += P V: P from registers (k16 step j = the n8 blocks 2j, 2j+1 of S), V from shared.
+// O += P V (O = P V with acc 0: a new item's first tile, without writing O first, which made ptxas
+// serialize the MMAs): P from registers (k16 step j = the n8 blocks 2j, 2j+1 of S), V from shared.
 template <typename T, int D, int BN>
-__device__ __forceinline__ void issue_pv(float* o, const u32 (*p)[4], u32 sv) {
+__device__ __forceinline__ void issue_pv(float* o, const u32 (*p)[4], u32 sv, int acc = 1) {
   // Keys 16j .. 16j+15: two 8-row atoms (SBO 1024 B); head_dim blocks of 64 at LBO.
   const u64 db0 = sw128_desc(sv, BN * 128, 1024);
 #pragma unroll
-  for (int j = 0; j < BN / 16; ++j) wgmma_rs<T, D>(o, p[j], db0 + ((j * 2048) >> 4), 1);
+  for (int j = 0; j < BN / 16; ++j) wgmma_rs<T, D>(o, p[j], db0 + ((j * 2048) >> 4), j > 0 || acc);
 }
 
 // How far (log2 units) a tile's max may pass the running max before the running max moves. Below
@@ -425,12 +424,53 @@ template <int SCHEDULE, int D> struct RegSplit {
 };
 
 
+// One work item of the kernel: a CTA's 128 packed rows (row, m tile) of one kv head, over one split
+// of the row's keys. The host lists the (row, m tile) pairs heaviest first; work index w reads as
+// kv head (fastest), then pair, then split: the order a grid of one CTA an item would run them in.
+struct WorkItem {
+  int row, h, split;
+  int qo_start, q_len, kv_len;
+  int pr0;                         // first packed row (token pr0 / G)
+  int kv_begin, kv_end, kv_stop;   // the split's keys, and where its last query position stops them
+  int num_tiles;
+};
+template <int BM, int BN, int G>
+__device__ __forceinline__ WorkItem work_item(int w, const int* __restrict__ work, const int* __restrict__ qo_indptr,
+                                              const int* __restrict__ kv_lens, int hkv, int items, int num_splits) {
+  WorkItem it;
+  it.h = w % hkv;
+  const int pair = (w / hkv) % items;
+  it.split = w / hkv / items;
+  it.row = work[2 * pair];
+  const int mt = work[2 * pair + 1];
+  it.qo_start = qo_indptr[it.row];
+  it.q_len = qo_indptr[it.row + 1] - it.qo_start;
+  it.kv_len = kv_lens[it.row];
+  it.pr0 = mt * BM;  // < q_len * G: the host lists only m tiles with rows
+  // Keys this item covers: its split of the row, cut at the last query position of its rows.
+  const int pos_last = it.kv_len - it.q_len + min(it.q_len - 1, (it.pr0 + BM - 1) / G);
+  const int chunk = ((it.kv_len + num_splits - 1) / num_splits + BN - 1) / BN * BN;
+  it.kv_begin = it.split * chunk;
+  it.kv_end = min(it.kv_len, it.kv_begin + chunk);
+  it.kv_stop = min(it.kv_end, pos_last + 1);
+  it.num_tiles = it.kv_stop > it.kv_begin ? (it.kv_stop - it.kv_begin + BN - 1) / BN : 0;
+  return it;
+}
+
+// The CTA's k-th work index. A grid of one CTA an item takes one each; a persistent grid (a CTA a
+// SM) walks the list in rounds of gridDim.x, snaking (even rounds left to right, odd ones right to
+// left) so that over a list sorted heaviest first each CTA's sum of work comes out even.
+__device__ __forceinline__ int work_index(int k) {
+  const int p = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  return k * gridDim.x + p;
+}
+
 template <typename T, int D, int G, int PAGE, int BN, int STAGES, int SCHEDULE>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     attention_sm90_kernel(const T* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,
                           const T* __restrict__ v_cache, const int* __restrict__ page_table, int pt_stride,
                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
-                          const int* __restrict__ work, int item_base, T* __restrict__ out,
+                          const int* __restrict__ work, int items, int num_splits, T* __restrict__ out,
                           float* __restrict__ part_o, float* __restrict__ part_lse, int num_tokens, int hkv,
                           float scale_log2, const void* tmaps, int layer) {
   constexpr int BM = 128;                  // packed rows per CTA: 64 per consumer warpgroup
@@ -468,23 +508,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   auto empty_v = [&](int s) { return bars + 8u * (3 * STAGES + s); };
 
   const int tid = threadIdx.x, wg = tid / 128, lt = tid % 128;
-  const int item = item_base + blockIdx.y;
-  const int row = work[2 * item], mt = work[2 * item + 1];
-  const int h = blockIdx.x, split = blockIdx.z, num_splits = gridDim.z;
   const int hq = hkv * G;
-  const int qo_start = qo_indptr[row];
-  const int q_len = qo_indptr[row + 1] - qo_start;
-  const int kv_len = kv_lens[row];
-  const int pr0 = mt * BM;
-  if (pr0 >= q_len * G) return;
-
-  // Keys this CTA covers: its split of the row, cut at the last query position of its rows.
-  const int pos_last = kv_len - q_len + min(q_len - 1, (pr0 + BM - 1) / G);
-  const int chunk = ((kv_len + num_splits - 1) / num_splits + BN - 1) / BN * BN;
-  const int kv_begin = split * chunk;
-  const int kv_end = min(kv_len, kv_begin + chunk);
-  const int kv_stop = min(kv_end, pos_last + 1);
-  const int num_tiles = kv_stop > kv_begin ? (kv_stop - kv_begin + BN - 1) / BN : 0;
+  const int total_work = hkv * items * num_splits;
+  auto item_at = [&](int k) { return work_item<BM, BN, G>(work_index(k), work, qo_indptr, kv_lens, hkv, items, num_splits); };
+  auto has_item = [&](int k) { return work_index(k) < total_work; };
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -505,11 +532,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
   }
   __syncthreads();
 
+  // Both roles walk the same items and count the ring's fills across them: fill f of the CTA goes to
+  // stage f % STAGES, phase f / STAGES. The producer runs ahead into the next item's tiles while the
+  // consumers finish the last ones of this item.
   if (wg == 0) {
-    // ---- producer: K and V tiles of the row's pages -> the ring ----
+    // ---- producer: K and V tiles of the rows' pages -> the ring ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::PRODUCER));
     if (TMA && lt >= 32) return;  // TMA: one warp reads the page table and issues the copies
-    const int* pages = page_table + (i64)row * pt_stride;
     const int part = lt % CPR, tok0 = lt / CPR, lane = lt % 32;
     const u64 kmap = reinterpret_cast<u64>(tmaps), vmap = kmap + 128;  // K's map, then V's
     if (TMA && lane == 0) {
@@ -520,86 +549,92 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         tensormap_acquire(vmap + 2 * 128);
       }
     }
-    // TMA copies whole pages (or the tile's part of one), so it also loads keys at and past kv_stop
-    // that cp.async zero-fills: the rest of the CTA's last page as the pool holds it, and for the
-    // tile's pages past that page, the last page again (a valid page of the row: never a table
-    // entry past the row's pages, nor a page no row owns). No consumer reads those keys but
-    // through the softmax, which masks every key past kv_stop for every row (past kv_end, or past
-    // pos_last, the CTA's last query position, so past each row's own) to P = 0 exactly, and the
-    // P V product then adds 0 x V. Rows without a query (Q zero) get S = 0 and are never written.
-    // Both assume finite pool values (garbage x 0 = 0; NaN or Inf x 0 is NaN): the pool is zeroed
-    // at allocation and written only by the kernels, with finite values of a finite model.
-    const int last_page = (kv_stop - 1) / PAGE;
-    for (int t = 0; t < num_tiles; ++t) {
-      const int s = t % STAGES, empty_parity = ((t / STAGES) + 1) & 1;
-      const int tile0 = kv_begin + t * BN;
-      // The tile's pages (tile0 is a multiple of BN, so it spans max(1, BN / PAGE) of them), one
-      // lane each, looked up before the stage frees up; each copy takes its page by shuffle.
-      const int first_page = tile0 / PAGE;
-      int lane_page = 0;
-      if (TMA && lane < TILE_PAGES) lane_page = pages[min(first_page + lane, last_page)];
-      if (!TMA && lane < TILE_PAGES && (first_page + lane) * PAGE < kv_stop) lane_page = pages[first_page + lane];
-      // TMA over pages smaller than the tile, with the run maps: where the tile's pages are
-      // consecutive ids, one box a 64-column block (slots of consecutive pages are consecutive rows).
-      const int page0 = __shfl_sync(0xffffffffu, lane_page, 0);
-      const bool run = RUN_MAPS && __all_sync(0xffffffffu, lane >= TILE_PAGES || lane_page == page0 + lane);
+    int fills = 0;
+    for (int k = 0; has_item(k); ++k) {
+      const WorkItem it = item_at(k);
+      const int* pages = page_table + (i64)it.row * pt_stride;
+      // TMA copies whole pages (or the tile's part of one), so it also loads keys at and past kv_stop
+      // that cp.async zero-fills: the rest of the item's last page as the pool holds it, and for the
+      // tile's pages past that page, the last page again (a valid page of the row: never a table
+      // entry past the row's pages, nor a page no row owns). No consumer reads those keys but
+      // through the softmax, which masks every key past kv_stop for every row (past kv_end, or past
+      // pos_last, the item's last query position, so past each row's own) to P = 0 exactly, and the
+      // P V product then adds 0 x V. Rows without a query (Q zero) get S = 0 and are never written.
+      // Both assume finite pool values (garbage x 0 = 0; NaN or Inf x 0 is NaN): the pool is zeroed
+      // at allocation and written only by the kernels, with finite values of a finite model.
+      const int last_page = (it.kv_stop - 1) / PAGE;
+      for (int t = 0; t < it.num_tiles; ++t, ++fills) {
+        const int s = fills % STAGES, empty_parity = ((fills / STAGES) + 1) & 1;
+        const bool refill = fills >= STAGES;
+        const int tile0 = it.kv_begin + t * BN;
+        // The tile's pages (tile0 is a multiple of BN, so it spans max(1, BN / PAGE) of them), one
+        // lane each, looked up before the stage frees up; each copy takes its page by shuffle.
+        const int first_page = tile0 / PAGE;
+        int lane_page = 0;
+        if (TMA && lane < TILE_PAGES) lane_page = pages[min(first_page + lane, last_page)];
+        if (!TMA && lane < TILE_PAGES && (first_page + lane) * PAGE < it.kv_stop) lane_page = pages[first_page + lane];
+        // Where the tile's pages are consecutive ids, one box a 64-column block through the run
+        // maps (slots of consecutive pages are consecutive rows).
+        const int page0 = __shfl_sync(0xffffffffu, lane_page, 0);
+        const bool run = RUN_MAPS && __all_sync(0xffffffffu, lane >= TILE_PAGES || lane_page == page0 + lane);
 #pragma unroll
-      for (int kv = 0; kv < 2; ++kv) {
-        // The overlapped schedule frees K (after Q K^T) a softmax before V (after P V), and each is
-        // refilled once freed. The serial ones free both at once and the producer waits for both
-        // before K: a warpgroup that skips a tile arrives after waiting for its K alone, so its
-        // arrival must not count towards V's previous phase.
-        if (t >= STAGES && kv == 0) mbar_wait(empty_k(s), empty_parity, WAIT_EMPTY_K, t);
-        if (t >= STAGES && kv == (OVERLAP ? 1 : 0)) mbar_wait(empty_v(s), empty_parity, WAIT_EMPTY_V, t);
-        const u32 full = kv == 0 ? full_k(s) : full_v(s);
-        const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
-        if constexpr (TMA) {
-          // Box (64 columns, head h, BOX_ROWS slots from slot0, one page, the layer) -> rows
-          // j * BOX_ROWS.. of column block hf: TILE_PAGES * BOX_ROWS = BN rows, D / 64 blocks,
-          // TILE_BYTES in all, announced before the copies that count them.
-          if (lane == 0) mbar_arrive_expect_tx(full, TILE_BYTES);
-          const u64 map = kv == 0 ? kmap : vmap;
-          const int slot0 = tile0 & (PAGE - 1);  // 0 unless a page holds more than one tile
-          if (run) {
-            if (lane == 0) {
+        for (int kv = 0; kv < 2; ++kv) {
+          // The overlapped schedule frees K (after Q K^T) a softmax before V (after P V), and each is
+          // refilled once freed. The serial ones free both at once and the producer waits for both
+          // before K: a warpgroup that skips a tile arrives after waiting for its K alone, so its
+          // arrival must not count towards V's previous phase.
+          if (refill && kv == 0) mbar_wait(empty_k(s), empty_parity, WAIT_EMPTY_K, fills);
+          if (refill && kv == (OVERLAP ? 1 : 0)) mbar_wait(empty_v(s), empty_parity, WAIT_EMPTY_V, fills);
+          const u32 full = kv == 0 ? full_k(s) : full_v(s);
+          const u32 dst = sring + (2 * s + kv) * TILE_BYTES;
+          if constexpr (TMA) {
+            // Box (64 columns, head h, BOX_ROWS slots from slot0, one page, the layer) -> rows
+            // j * BOX_ROWS.. of column block hf: TILE_PAGES * BOX_ROWS = BN rows, D / 64 blocks,
+            // TILE_BYTES in all, announced before the copies that count them.
+            if (lane == 0) mbar_arrive_expect_tx(full, TILE_BYTES);
+            const u64 map = kv == 0 ? kmap : vmap;
+            const int slot0 = tile0 & (PAGE - 1);  // 0 unless a page holds more than one tile
+            if (run) {
+              if (lane == 0) {
 #pragma unroll
-              for (int hf = 0; hf < D / 64; ++hf) {
-                tma_load_4d(dst + hf * (BN * 128), map + 2 * 128, full, hf * 64, h, page0 * PAGE, layer);
+                for (int hf = 0; hf < D / 64; ++hf) {
+                  tma_load_4d(dst + hf * (BN * 128), map + 2 * 128, full, hf * 64, it.h, page0 * PAGE, layer);
+                }
+              }
+            } else {
+              // A box a page, each lane issuing its own page's (after lane 0 announced the bytes).
+              __syncwarp();
+              if (lane < TILE_PAGES) {
+#pragma unroll
+                for (int hf = 0; hf < D / 64; ++hf) {
+                  tma_load_5d(dst + hf * (BN * 128) + lane * (BOX_ROWS * 128), map, full, hf * 64, it.h, slot0,
+                              lane_page, layer);
+                }
               }
             }
           } else {
-            // A box a page, each lane issuing its own page's (after lane 0 announced the bytes).
-            __syncwarp();
-            if (lane < TILE_PAGES) {
-#pragma unroll
-              for (int hf = 0; hf < D / 64; ++hf) {
-                tma_load_5d(dst + hf * (BN * 128) + lane * (BOX_ROWS * 128), map, full, hf * 64, h, slot0, lane_page,
-                            layer);
-              }
-            }
-          }
-        } else {
-          const T* cache = kv == 0 ? k_cache : v_cache;
+            const T* cache = kv == 0 ? k_cache : v_cache;
 #pragma unroll 8
-          for (int j = 0; j < BN / ROWS_PER_PASS; ++j) {
-            const int tok = tok0 + j * ROWS_PER_PASS;
-            const int pos = tile0 + tok;
-            const bool ok = pos < kv_stop;
-            const int page = __shfl_sync(0xffffffffu, lane_page, pos / PAGE - first_page);
-            const i64 off = ok ? (((i64)page * PAGE + (pos & (PAGE - 1))) * hkv + h) * D + part * 8 : 0;
-            cp_async16(dst + sw128_off<BN>(tok, part), cache + off, ok ? 16 : 0);
+            for (int j = 0; j < BN / ROWS_PER_PASS; ++j) {
+              const int tok = tok0 + j * ROWS_PER_PASS;
+              const int pos = tile0 + tok;
+              const bool ok = pos < it.kv_stop;
+              const int page = __shfl_sync(0xffffffffu, lane_page, pos / PAGE - first_page);
+              const i64 off = ok ? (((i64)page * PAGE + (pos & (PAGE - 1))) * hkv + it.h) * D + part * 8 : 0;
+              cp_async16(dst + sw128_off<BN>(tok, part), cache + off, ok ? 16 : 0);
+            }
+            mbar_arrive_on_copies(full);
           }
-          mbar_arrive_on_copies(full);
         }
       }
     }
     if constexpr (TMA) {
       // The CTA must not end with copies still landing in its shared memory: wait for each stage's
       // last fill (the consumers wait for every fill too; this keeps that out of their hands).
-      for (int s = 0; s < STAGES && s < num_tiles; ++s) {
-        const int t_last = s + (num_tiles - 1 - s) / STAGES * STAGES;
-        mbar_wait(full_k(s), (t_last / STAGES) & 1, WAIT_FULL_K, t_last);
-        mbar_wait(full_v(s), (t_last / STAGES) & 1, WAIT_FULL_V, t_last);
+      for (int s = 0; s < STAGES && s < fills; ++s) {
+        const int f_last = s + (fills - 1 - s) / STAGES * STAGES;
+        mbar_wait(full_k(s), (f_last / STAGES) & 1, WAIT_FULL_K, f_last);
+        mbar_wait(full_v(s), (f_last / STAGES) & 1, WAIT_FULL_V, f_last);
       }
     } else {
       asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -607,94 +642,172 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     return;
   }
 
-  // ---- consumers: warpgroup cw owns packed rows cw * 64 .. cw * 64 + 63 ----
+  // ---- consumers: warpgroup cw owns packed rows cw * 64 .. cw * 64 + 63 of each item ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RegSplit<SCHEDULE, D>::CONSUMER));
   const int cw = wg - 1, warp = lt / 32, lane = lt % 32;
-
-  // Q rows -> shared (zero past the row's queries), visible to the async proxy before any MMA.
-  for (int c = lt; c < 64 * CPR; c += 128) {
-    const int r = cw * 64 + c / CPR, part = c % CPR;
-    const int pr = pr0 + r, i = pr / G;
-    const bool ok = i < q_len;
-    const T* src = ok ? q + (i64)(qo_start + i) * q_stride + (h * G + pr % G) * D + part * 8 : q;
-    cp_async16(sq + sw128_off<BM>(r, part), src, ok ? 16 : 0);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_proxy_async();
-  named_sync(BAR_Q + cw, 128);
-
-  // This thread's rows: r and r + 8 of its warp's 16 (the wgmma accumulator layout).
-  const int r_cta = cw * 64 + warp * 16 + lane / 4;
-  int qpos[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int i = (pr0 + r_cta + 8 * hf) / G;
-    qpos[hf] = i < q_len ? kv_len - q_len + i : -1;
-  }
-  // The warpgroup's own query positions: tiles past its last are skipped (serial schedules), tiles
-  // past its first masked.
-  const int wg_tok_first = (pr0 + cw * 64) / G;
-  const int wg_pos_first = kv_len - q_len + wg_tok_first;
-  const int wg_pos_last = wg_tok_first < q_len ? kv_len - q_len + min(q_len - 1, (pr0 + cw * 64 + 63) / G) : -1;
-  auto need_mask = [&](int tile0) { return tile0 + BN > kv_end || tile0 + BN - 1 > wg_pos_first; };
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const u32 q_rows = sq + cw * 64 * 128;
   auto stage_k = [&](int s) { return sring + 2 * s * TILE_BYTES; };
-  float sacc[BN / 2], corr[2];
+
+  // The warpgroup's Q rows of an item -> shared (zero past the row's queries), asynchronously, once
+  // the last MMA that reads the previous item's Q is done; wait_q makes them visible to the async
+  // proxy before any MMA. A fixed trip count, not unrolled (ptxas would keep each copy's address
+  // live through the main loop, and spill).
+  auto load_q = [&](int k) {
+    named_sync(BAR_Q + cw, 128);  // every warp of the warpgroup is past its MMAs on the old Q
+    if (!has_item(k)) return;
+    const WorkItem it = item_at(k);
+#pragma unroll 1
+    for (int j = 0; j < 64 * CPR / 128; ++j) {
+      const int c = warp * 32 + lane + j * 128;
+      const int r = cw * 64 + c / CPR, part = c % CPR;
+      const int pr = it.pr0 + r, i = pr / G;
+      const bool ok = i < it.q_len;
+      const T* src = ok ? q + (i64)(it.qo_start + i) * q_stride + (it.h * G + pr % G) * D + part * 8 : q;
+      cp_async16(sq + sw128_off<BM>(r, part), src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  auto wait_q = [&] {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_sync(BAR_Q + cw, 128);
+  };
+
+  // What the main loop needs of item k: this thread's rows' query positions (rows r and r + 8 of its
+  // warp's 16, the wgmma accumulator layout), the warpgroup's first and last, the item's keys.
+  struct Rows {
+    int qpos[2], wg_pos_first, wg_pos_last, kv_begin, kv_end, num_tiles;
+  };
+  auto rows_of = [&](int k) {
+    const WorkItem it = item_at(k);
+    Rows r;
+    const int r_cta = cw * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = (it.pr0 + r_cta + 8 * hf) / G;
+      r.qpos[hf] = i < it.q_len ? it.kv_len - it.q_len + i : -1;
+    }
+    const int wg_tok_first = (it.pr0 + cw * 64) / G;
+    r.wg_pos_first = it.kv_len - it.q_len + wg_tok_first;
+    r.wg_pos_last =
+        wg_tok_first < it.q_len ? it.kv_len - it.q_len + min(it.q_len - 1, (it.pr0 + cw * 64 + 63) / G) : -1;
+    r.kv_begin = it.kv_begin, r.kv_end = it.kv_end, r.num_tiles = it.num_tiles;
+    return r;
+  };
+  // Tiles past the warpgroup's first query position (or a split's end) take the masked softmax.
+  auto need_mask = [&](const Rows& r, int tile0) { return __all_sync(0xffffffffu, tile0 + BN > r.kv_end || tile0 + BN - 1 > r.wg_pos_first); };
+
+  // ---- an item's output: row sums across the quad, normalise, write (or the split's partial result) ----
+  auto finish = [&](int k, const float* o, const float* m_run, const float* l_run) {
+    const WorkItem it = item_at(k);
+    const int r_cta = cw * 64 + warp * 16 + lane / 4;
+    const bool split_out = num_splits > 1;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = l_run[hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int pr = it.pr0 + r_cta + 8 * hf, i = pr / G;
+      if (i >= it.q_len) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const i64 head_row = (i64)(it.qo_start + i) * hq + it.h * G + pr % G;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        const int d = db * 8 + 2 * (lane % 4);
+        const float v0 = o[db * 4 + hf * 2] * inv, v1 = o[db * 4 + hf * 2 + 1] * inv;
+        if (split_out) {
+          *reinterpret_cast<float2*>(part_o + ((i64)it.split * num_tokens * hq + head_row) * D + d) =
+              make_float2(v0, v1);
+        } else {
+          *reinterpret_cast<u32*>(out + head_row * D + d) = pack2<T>(v0, v1);
+        }
+      }
+      if (split_out && lane % 4 == 0) {
+        part_lse[(i64)it.split * num_tokens * hq + head_row] = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
+      }
+    }
+  };
+
+  float o[D / 2];
+  float m_run[2], l_run[2], sacc[BN / 2], corr[2];
   u32 p[PSTEPS][4];
+  auto reset = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+  };
 
   if constexpr (!OVERLAP) {
-    // A warpgroup skips the tiles past its last row, except under SCHED_PINGPONG: there both run
-    // every tile of the CTA (masking covers rows that end before it), two turns a tile (Q K^T, then
-    // P V), and no MMA sits on a path ptxas must treat as divergent (it serializes them then).
-    Turns<PINGPONG> turns(cw, 2 * num_tiles);
-    for (int t = 0; t < num_tiles; ++t) {
-      const int s = t % STAGES, parity = (t / STAGES) & 1;
-      const int tile0 = kv_begin + t * BN;
-      const u32 sk = stage_k(s), sv = sk + TILE_BYTES;
-      const bool active = PINGPONG || tile0 <= wg_pos_last;
-      mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
-      if (!TMA && active) fence_proxy_async();  // cp.async wrote the tile by the generic proxy; TMA need not
-      turns.begin();
-      if (active) {
-        wgmma_fence();
-        issue_qk<T, D, BN>(sacc, q_rows, sk);
-        wgmma_commit();
+    // Item by item. A warpgroup skips the tiles past its last row, except under SCHED_PINGPONG: there
+    // both run every tile of the CTA (masking covers rows that end before it), two turns a tile (Q K^T,
+    // then P V), and no MMA sits on a path ptxas must treat as divergent (it serializes them then).
+    load_q(0);
+    int used = 0;  // ring fills consumed by earlier items
+    for (int k = 0; has_item(k); ++k) {
+      wait_q();
+      const Rows r = rows_of(k);
+      reset();
+      Turns<PINGPONG> turns(cw, 2 * r.num_tiles);
+      for (int t = 0; t < r.num_tiles; ++t) {
+        const int f = used + t, s = f % STAGES, parity = (f / STAGES) & 1;
+        const int tile0 = r.kv_begin + t * BN;
+        const u32 sk = stage_k(s), sv = sk + TILE_BYTES;
+        const bool active = PINGPONG || tile0 <= r.wg_pos_last;
+        mbar_wait(full_k(s), parity, WAIT_FULL_K, f);
+        if (!TMA && active) fence_proxy_async();  // cp.async wrote the tile by the generic proxy; TMA need not
+        turns.begin();
+        if (active) {
+          wgmma_fence();
+          issue_qk<T, D, BN>(sacc, q_rows, sk);
+          wgmma_commit();
+        }
+        turns.end(false);
+        if (active) {
+          wgmma_wait<0>();
+          pin<BN / 2>(sacc);
+          online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, tile0), tile0, r.kv_end, r.qpos, lane, scale_log2);
+          rescale_if_moved<D>(o, corr);
+          pack_p<T, BN>(p, sacc);
+          mbar_wait(full_v(s), parity, WAIT_FULL_V, f);
+          if (!TMA) fence_proxy_async();
+        }
+        turns.begin();
+        if (active) {
+          wgmma_fence();
+          issue_pv<T, D, BN>(o, p, sv);
+          wgmma_commit();
+        }
+        turns.end(t == r.num_tiles - 1);
+        if (active) {
+          wgmma_wait<0>();
+          pin<D / 2>(o);
+        }
+        release(empty_k(s), lane);
+        release(empty_v(s), lane);
       }
-      turns.end();
-      if (active) {
-        wgmma_wait<0>();
-        pin<BN / 2>(sacc);
-        online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
-        rescale_if_moved<D>(o, corr);
-        pack_p<T, BN>(p, sacc);
-        mbar_wait(full_v(s), parity, WAIT_FULL_V, t);
-        if (!TMA) fence_proxy_async();
-      }
-      turns.begin();
-      if (active) {
-        wgmma_fence();
-        issue_pv<T, D, BN>(o, p, sv);
-        wgmma_commit();
-      }
-      turns.end();
-      if (active) {
-        wgmma_wait<0>();
-        pin<D / 2>(o);
-      }
-      release(empty_k(s), lane);
-      release(empty_v(s), lane);
+      used += r.num_tiles;
+      load_q(k + 1);
+      finish(k, o, m_run, l_run);
     }
   } else {
-    // Both warpgroups run every tile of the CTA (masking covers rows that end before it), so their
-    // turns pair up: one a tile after the first, which issues Q K^T of tile j with P V of tile j - 1.
-    Turns<PINGPONG> turns(cw, num_tiles > 0 ? num_tiles - 1 : 0);
-    if (num_tiles > 0) {
+    // One flat loop over the tiles of all the CTA's items, fill f of the ring being tile f of the
+    // walk (a loop nested in an item loop made ptxas build the MMA descriptors outside the uniform
+    // registers: ~60 more instructions a tile). Both warpgroups run every tile (masking covers rows
+    // that end before it), so their turns pair up, one a fill after the first; each issues Q K^T of
+    // fill f with P V of fill f - 1, also where f starts a new item: that item's Q was loaded once the
+    // old item's last Q K^T was done, its softmax starts afresh, and the old item's output is written
+    // once its last P V is.
+    int fills = 0;  // every item of a persistent walk has keys (the host splits no rows then)
+    for (int k = 0; has_item(k); ++k) fills += item_at(k).num_tiles;
+    Turns<PINGPONG> turns(cw, fills > 0 ? fills - 1 : 0);
+    int k = 0;
+    Rows r = rows_of(0);
+    int item_start = 0;  // the item's first fill
+    load_q(0);
+    wait_q();
+    reset();
+    if (fills > 0) {
       mbar_wait(full_k(0), 0, WAIT_FULL_K, 0);
       if (!TMA) fence_proxy_async();
       wgmma_fence();
@@ -703,70 +816,65 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
       wgmma_wait<0>();
       pin<BN / 2>(sacc);
       release(empty_k(0), lane);
-      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(kv_begin), kv_begin, kv_end, qpos, lane, scale_log2);
+      if (r.num_tiles == 1) load_q(1);
+      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, r.kv_begin), r.kv_begin, r.kv_end, r.qpos, lane,
+                         scale_log2);
       pack_p<T, BN>(p, sacc);  // O is still zero: no rescale
     }
-    for (int t = 1; t < num_tiles; ++t) {
-      const int s = t % STAGES, parity = (t / STAGES) & 1;
-      const int sp = (t - 1) % STAGES, parity_p = ((t - 1) / STAGES) & 1;
-      const int tile0 = kv_begin + t * BN;
-      mbar_wait(full_k(s), parity, WAIT_FULL_K, t);
-      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, t - 1);
+    bool fresh = false;  // the P V to issue is its item's first
+    for (int f = 1; f < fills; ++f) {
+      const int s = f % STAGES, parity = (f / STAGES) & 1;
+      const int sp = (f - 1) % STAGES, parity_p = ((f - 1) / STAGES) & 1;
+      const bool first = __all_sync(0xffffffffu, f == item_start + r.num_tiles);  // f starts item k + 1
+      float m_old[2], l_old[2];
+      if (first) {
+        m_old[0] = m_run[0], m_old[1] = m_run[1], l_old[0] = l_run[0], l_old[1] = l_run[1];
+        m_run[0] = m_run[1] = -INFINITY;
+        l_run[0] = l_run[1] = 0.f;
+        ++k;
+        item_start = f;
+        r = rows_of(k);
+        wait_q();
+      }
+      const int tile0 = r.kv_begin + (f - item_start) * BN;
+      mbar_wait(full_k(s), parity, WAIT_FULL_K, f);
+      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, f - 1);
       if (!TMA) fence_proxy_async();
       turns.begin();
       wgmma_fence();  // after the last writes of O (rescale) and P (pack)
       issue_qk<T, D, BN>(sacc, q_rows, stage_k(s));
       wgmma_commit();
-      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES, !fresh);
       wgmma_commit();
-      turns.end();
-      wgmma_wait<1>();  // S of tile t; P V of tile t - 1 may still run
+      turns.end(f == fills - 1);
+      wgmma_wait<1>();  // S of fill f; P V of fill f - 1 may still run
       pin<BN / 2>(sacc);
       release(empty_k(s), lane);
-      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(tile0), tile0, kv_end, qpos, lane, scale_log2);
+      if (__all_sync(0xffffffffu, f == item_start + r.num_tiles - 1)) load_q(k + 1);  // the item's last Q K^T is done
+      online_softmax<BN>(sacc, m_run, l_run, corr, need_mask(r, tile0), tile0, r.kv_end, r.qpos, lane, scale_log2);
       pin<BN / 2>(sacc);  // the softmax stays ahead of the wait below
       wgmma_wait<0>();
       pin<D / 2>(o);
       release(empty_v(sp), lane);
-      rescale_if_moved<D>(o, corr);
+      if (first) {
+        finish(k - 1, o, m_old, l_old);  // O's next P V starts it afresh (fresh)
+      } else {
+        rescale_if_moved<D>(o, corr);
+      }
+      fresh = first;
       pack_p<T, BN>(p, sacc);
     }
-    if (num_tiles > 0) {
-      const int sp = (num_tiles - 1) % STAGES, parity_p = ((num_tiles - 1) / STAGES) & 1;
-      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, num_tiles - 1);
+    if (fills > 0) {
+      const int f = fills - 1, sp = f % STAGES, parity_p = (f / STAGES) & 1;
+      mbar_wait(full_v(sp), parity_p, WAIT_FULL_V, f);
       if (!TMA) fence_proxy_async();
       wgmma_fence();
-      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES);
+      issue_pv<T, D, BN>(o, p, stage_k(sp) + TILE_BYTES, !fresh);
       wgmma_commit();
       wgmma_wait<0>();
       pin<D / 2>(o);
       release(empty_v(sp), lane);
     }
-  }
-
-  // ---- finish: row sums across the quad, normalise, write (or the split's partial result) ----
-  const bool split_out = num_splits > 1;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float l = l_run[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int pr = pr0 + r_cta + 8 * hf, i = pr / G;
-    if (i >= q_len) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const i64 head_row = (i64)(qo_start + i) * hq + h * G + pr % G;
-#pragma unroll
-    for (int db = 0; db < D / 8; ++db) {
-      const int d = db * 8 + 2 * (lane % 4);
-      const float v0 = o[db * 4 + hf * 2] * inv, v1 = o[db * 4 + hf * 2 + 1] * inv;
-      if (split_out) {
-        *reinterpret_cast<float2*>(part_o + ((i64)split * num_tokens * hq + head_row) * D + d) = make_float2(v0, v1);
-      } else {
-        *reinterpret_cast<u32*>(out + head_row * D + d) = pack2<T>(v0, v1);
-      }
-    }
-    if (split_out && lane % 4 == 0) {
-      part_lse[(i64)split * num_tokens * hq + head_row] = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
-    }
+    if (has_item(0)) finish(k, o, m_run, l_run);
   }
 }

@@ -160,6 +160,33 @@ def test_sm90_prefill_is_deterministic(schedule):
 
 
 @pytest.mark.parametrize("schedule", SM90_SCHEDULES, ids=lambda s: f"schedule{s}")
+def test_sm90_persistent_walk_over_many_items(schedule):
+    """A persistent grid of 3 CTAs walks every item of ragged batches (item boundaries after items of
+    one tile and of many, the next Q loaded under the last tile, O started afresh): the reference's
+    result, and bit for bit the result of a CTA an item (each item is computed the same way wherever
+    it runs)."""
+    cfg = CONFIGS[0]
+    op = make_op(cfg, schedule=schedule)
+    op.sm90.sm_count = 3
+    for label, q_lens, kv_lens in BATCHES:
+        if label not in (
+            "tile edges",
+            "ragged rows",
+            "one-token prompts among longer",
+            "2048 over 2048 prefix",
+        ):
+            continue
+        _assert_ok(check(op, cfg, q_lens, kv_lens), cfg[0])
+        case = paged_attention_case(q_lens, kv_lens, 32, 8, 128, 16, torch.bfloat16, torch.bfloat16, DEV)
+        op.sm90.persistent = True
+        walked = op(case.q, case.kv, case.meta, 128**-0.5)
+        op.sm90.persistent = False
+        one_each = op(case.q, case.kv, case.meta, 128**-0.5)
+        op.sm90.persistent = True
+        assert torch.equal(walked, one_each), label
+
+
+@pytest.mark.parametrize("schedule", SM90_SCHEDULES, ids=lambda s: f"schedule{s}")
 def test_sm90_prefill_reads_its_layer_of_a_many_layer_pool(schedule):
     """K/V as the runtime's pool hands them out: views of layer 2 of one [layers, pages, slot, head, D]
     tensor whose other layers hold NaN, so a copy from the wrong layer (the TMA map's layer

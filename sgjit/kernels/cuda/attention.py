@@ -114,7 +114,7 @@ class PagedAttention:
             allow_smem(kern, tile.smem_bytes(shapes.head_dim, shapes.kv_bytes))
         if prefill_sm90 is not None and split_len:
             raise ValueError("the sm_90 prefill kernel has no fixed key splits (batch-invariant mode)")
-        self.sm90 = Sm90Prefill(shapes, prefill_sm90) if prefill_sm90 is not None else None
+        self.sm90 = Sm90Prefill(shapes, prefill_sm90, profile.sm_count) if prefill_sm90 is not None else None
         self._plan: _Plan | None = None
         # Decode steps stream the pool with decode.cu where the selector gave it a tile; the
         # mma.sync decode instantiation above serves the rest (batch-invariant splits, groups > 16)

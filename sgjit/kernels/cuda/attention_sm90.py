@@ -6,7 +6,9 @@ has the warpgroup MMAs. CuPy passes NVRTC `-arch=sm_90` for the device; NVRTC ke
 traps instead of hanging the process). A tile with the TMA schedule bit loads K/V through tensor
 maps over the pool (tensor_map.py), built on the pool's first launch: one box a page, or where a
 tile's pages are consecutive ids (what the page allocator hands a fresh prompt), one box a 64-column
-block of the tile."""
+block of the tile. The grid is persistent: a CTA a SM (the kernel holds one a SM), each walking its
+share of the work list, so a CTA's next item loads (its Q, its first K/V tiles) while it finishes
+the last one; `persistent=False` launches a CTA an item instead (for comparison)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ from sgjit.kernels.spec import ModelShapes
 from sgjit.settings import env
 
 SM90_OPTIONS = ("-arch=sm_90a",)
-MAX_GRID_Y = 65535
 # Registers a thread the kernel must be built with (attention_sm90.cu's LAUNCH_REGS): its setmaxnreg
 # split (RegSplit, per schedule) redistributes 384 x 168 and deadlocks if the CTA holds fewer.
 LAUNCH_REGS = 168
@@ -39,7 +40,7 @@ def attention_sm90_name(shapes: ModelShapes, tile: Sm90Tile) -> str:
 class Sm90Prefill:
     """One instantiation of the kernel, launched over a host-built work list of (row, m tile)."""
 
-    def __init__(self, shapes: ModelShapes, tile: Sm90Tile) -> None:
+    def __init__(self, shapes: ModelShapes, tile: Sm90Tile, sm_count: int, persistent: bool = True) -> None:
         if shapes.kv_dtype != shapes.dtype:
             raise ValueError(f"the sm_90 prefill kernel reads {shapes.dtype} pools, not {shapes.kv_dtype}")
         if not tile.serves_page(shapes.page_size):
@@ -60,6 +61,7 @@ class Sm90Prefill:
         # pages are consecutive (the kernel checks each tile).
         runs = tile.bn if shapes.page_size < tile.bn else None
         self.maps = PoolMaps(min(shapes.page_size, tile.bn), runs) if tile.tma else None
+        self.sm_count, self.persistent = sm_count, persistent
 
     def __call__(
         self,
@@ -76,12 +78,15 @@ class Sm90Prefill:
         hkv, items, splits = grid
         table = meta.page_table
         maps, layer = self.maps(kv.k, kv.v) if self.maps is not None else (None, 0)
-        for base in range(0, items, MAX_GRID_Y):  # one launch unless a prefill has > 65535 m tiles
-            launch(
-                self.kernel, (hkv, min(MAX_GRID_Y, items - base), splits), Sm90Tile.THREADS,
-                (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
-                 ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(work), np.int32(base), ptr(out), ptr(part_o),
-                 ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2), ptr(maps),
-                 np.int32(layer)),
-                self.smem,
-            )  # fmt: skip
+        total = hkv * items * splits
+        # A split of a row's keys can be empty, which the kernel's walk over several items does not
+        # take: rows split (few long rows: fewer items than SMs anyway) get a CTA an item.
+        ctas = min(total, self.sm_count) if self.persistent and splits == 1 else total
+        launch(
+            self.kernel, (ctas,), Sm90Tile.THREADS,
+            (ptr(q), np.int64(q.stride(0)), ptr(kv.k), ptr(kv.v), ptr(table), np.int32(table.stride(0)),
+             ptr(meta.qo_indptr), ptr(meta.kv_lens), ptr(work), np.int32(items), np.int32(splits), ptr(out),
+             ptr(part_o), ptr(part_lse), np.int32(q.shape[0]), np.int32(hkv), np.float32(scale_log2), ptr(maps),
+             np.int32(layer)),
+            self.smem,
+        )  # fmt: skip
