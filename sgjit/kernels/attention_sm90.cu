@@ -28,6 +28,10 @@
 //
 // Splits of a row's keys (few long rows) write partial O and lse like attention.cu and are merged
 // by its merge_splits_kernel.
+//
+// The grid is persistent where no row is split: a CTA a SM walks its share of the host's work list
+// (below), the producer running on into the next item's K/V while the consumers finish the last
+// one, and the next item's Q loading under the last tile's P V. Otherwise a CTA takes one item.
 #include "common.cuh"
 
 using namespace sgjit;
