@@ -503,27 +503,35 @@ GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
 
 
 def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
-    """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) at 1, 2, 4 and 8
-    rows, swept on three 8B weights (bf16, graph replays, weights rotated past L2): what `TILES` should be."""
+    """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) swept on three 8B
+    weights (graph replays, weights rotated past L2): bf16 weights at 1, 2, 4 and 8 rows, FP8 weights at
+    the 1, 2 and 4 rows the GEMV takes them. What `TILES` should be (one table serves both kinds)."""
     from sgjit.kernels.cuda.gemv import TILES, GemvLinear
+    from sgjit.kernels.fp8 import Fp8Weight
 
     swept: dict[str, float] = {}
     for name, n, k in GEMV_WEIGHTS[1:4]:  # o_proj, gate_up, down
-        copies = max(1, -(-3 * profile.l2_bytes // (2 * n * k)))
-        ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
-        for m in (1, 2, 4, 8):
-            x = torch.randn(m, k, device=DEV, dtype=BF16)
-            times = {}
-            for tile in GEMV_TILE_CANDIDATES:
-                op = GemvLinear(BF16, "bfloat16", m, 0, tiles={**TILES, m: tile})
-                times[tile] = median_graph_seconds(
-                    _rotating(lambda i, op=op, x=x, ws=ws: lambda: op(x, ws[i]), copies)
-                )
-                swept[f"{name} M={m} {tile}"] = times[tile] * 1e6
-            best = min(times, key=times.get)
-            row = _row(f"gemv tile sweep: best {best}, current {TILES[m]}", f"{name} M={m} {n}x{k}", times[best],
-                       times[TILES[m]], current_us=times[TILES[m]] * 1e6)  # fmt: skip
-            rows.append(_membound(row, 2 * n * k, times[best], ceil, 90))
+        for kind, elem, row_counts in (("bf16", 2, (1, 2, 4, 8)), ("fp8", 1, (1, 2, 4))):
+            copies = max(1, -(-3 * profile.l2_bytes // (elem * n * k)))
+            ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
+            if kind == "fp8":
+                ws = [Fp8Weight.quantize(w) for w in ws]
+            for m in row_counts:
+                x = torch.randn(m, k, device=DEV, dtype=BF16)
+                times = {}
+                for tile in GEMV_TILE_CANDIDATES:
+                    limits = (m, 0) if kind == "bf16" else (0, m)
+                    op = GemvLinear(BF16, "bfloat16", *limits, tiles={**TILES, m: tile})
+                    times[tile] = median_graph_seconds(
+                        _rotating(lambda i, op=op, x=x, ws=ws: lambda: op(x, ws[i]), copies)
+                    )
+                    swept[f"{name} {kind} M={m} {tile}"] = times[tile] * 1e6
+                best = min(times, key=times.get)
+                row = _row(f"gemv tile sweep ({kind}): best {best}, current {TILES[m]}", f"{name} M={m} {n}x{k}",
+                           times[best], times[TILES[m]], current_us=times[TILES[m]] * 1e6)  # fmt: skip
+                rows.append(_membound(row, elem * n * k, times[best], ceil, 90))
+            del ws
+            torch.cuda.empty_cache()
     detail["gemv_tiles_us"] = swept
 
 
