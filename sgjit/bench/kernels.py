@@ -500,12 +500,14 @@ def bench_fp8_quant(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
 
 
 GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
+GEMV_MMA_CANDIDATES = ((0, 1), (0, 2), (0, 4))  # the tensor-core body: 16-bit weights, up to 8 rows
 
 
 def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
     """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) swept on three 8B
-    weights (graph replays, weights rotated past L2): bf16 weights at 1, 2, 4 and 8 rows, FP8 weights at
-    the 1, 2 and 4 rows the GEMV takes them. What `TILES` should be (one table serves both kinds)."""
+    weights (graph replays, weights rotated past L2): bf16 weights at 1, 2, 4 and 8 rows, with the
+    tensor-core body (NPW 0) too, FP8 weights at the 1, 2 and 4 rows the GEMV takes them. What `TILES`
+    should be (one table serves both kinds)."""
     from sgjit.kernels.cuda.gemv import TILES, GemvLinear
     from sgjit.kernels.fp8 import Fp8Weight
 
@@ -519,7 +521,7 @@ def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail:
             for m in row_counts:
                 x = torch.randn(m, k, device=DEV, dtype=BF16)
                 times = {}
-                for tile in GEMV_TILE_CANDIDATES:
+                for tile in GEMV_TILE_CANDIDATES + (GEMV_MMA_CANDIDATES if kind == "bf16" else ()):
                     limits = (m, 0) if kind == "bf16" else (0, m)
                     op = GemvLinear(BF16, "bfloat16", *limits, tiles={**TILES, m: tile})
                     times[tile] = median_graph_seconds(

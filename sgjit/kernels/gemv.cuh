@@ -378,21 +378,144 @@ __device__ __forceinline__ void gemv_group(int g, bool first, bool last, X& xin,
   }
 }
 
+// ---- the tensor-core body (NPW == 0) ------------------------------------------------------------
+// A group is MMA_CPB = 16 output channels walked by all WARPS warps together, warp w taking K's
+// 64-element blocks w, w + WARPS, ...: mma.sync m16n8k16 with the 16 channels' weight rows as A and
+// the input rows as the 8 columns of B (columns past m are zero), so 16-bit weights reach the tensor
+// cores as loaded, with no widening, and up to 8 rows cost what one does. Lane (g, t) = (lane / 4,
+// lane % 4) loads elements [16 t, 16 t + 16) of a block from channels g and g + 8 and from input row
+// g; k16 step j of the block takes elements 16 t + 4 j + {0, 1} where the instruction reads k = 2 t +
+// {0, 1} and 16 t + 4 j + {2, 3} where it reads 2 t + 8 + {0, 1}, for A and B alike, so the four
+// steps cover the block's 64 elements once each. The order of a dot product is then the tensor
+// core's and the warp order, the same for every input row: a row's result does not depend on M. The
+// warps' partial sums meet in shared memory and are added in warp order.
+constexpr int MMA_CPB = 16;
+
+template <typename T, typename W, int ROWS, int UNROLL, int WARPS, class X, class Epi, typename Tile>
+__device__ __forceinline__ void gemv_mma_group(int g, bool first, bool last, X& xin, const W* __restrict__ w,
+                                               const float* __restrict__ scale, const T* __restrict__ bias, int m,
+                                               int k, const Epi& epi, float* red, float (*part)[MMA_CPB][8],
+                                               Tile tile) {
+  static_assert(sizeof(W) == 2 && sizeof(T) == 2, "the tensor-core body takes 16-bit weights");
+  static_assert(ROWS <= 8, "one n8 tile of input rows");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int wrow[2] = {epi.weight_row(g, gq, MMA_CPB), epi.weight_row(g, gq + 8, MMA_CPB)};
+  const uint4* rows[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) rows[h] = reinterpret_cast<const uint4*>(w + (i64)max(wrow[h], 0) * k);
+  const int vecs = k / 8, blocks = (k + 63) / 64;
+  constexpr int STEP = UNROLL * WARPS;  // blocks a round of the block's warps takes
+
+  uint4 wv[UNROLL][2][2];  // [block of the round][channel g, g + 8][piece: elements 16 t + 8 p + [0, 8)]
+  auto fetch = [&](int b0) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int b = b0 + u * WARPS;
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const int v = b * 8 + 2 * tq + p;
+        const bool ok = b < blocks && v < vecs;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wv[u][h][p] = ok ? load_streaming(rows[h] + v) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  float c[4] = {0.f, 0.f, 0.f, 0.f};  // channels g (c0, c1), g + 8 (c2, c3); input rows 2 t, 2 t + 1
+  auto consume = [&](int b0) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int b = b0 + u * WARPS;
+      if (b >= blocks) break;
+      uint4 xv[2];
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        const int v = b * 8 + 2 * tq + p;
+        if (gq < m && v < vecs) {
+          const Vec8<T> x8 = xin.load(gq, v * 8);
+          xv[p] = *reinterpret_cast<const uint4*>(&x8);
+        } else {
+          xv[p] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const u32* w0 = reinterpret_cast<const u32*>(&wv[u][0][j >> 1]);
+        const u32* w1 = reinterpret_cast<const u32*>(&wv[u][1][j >> 1]);
+        const u32* xw = reinterpret_cast<const u32*>(&xv[j >> 1]);
+        const int lo = 2 * (j & 1);
+        const u32 a[4] = {w0[lo], w1[lo], w0[lo + 1], w1[lo + 1]};
+        mma16816<T>(c, a, xw[lo], xw[lo + 1]);
+      }
+    }
+  };
+
+  // As in gemv_group: the first loads fly while the block waits for the kernel before it and
+  // prepares its rows; the next kernel may start once the last group's last loads are issued.
+  fetch(warp);
+  if (first) {
+    pdl_wait();
+    if constexpr (X::kPrologue) xin.template prepare<ROWS, WARPS * 32>(m, red);
+  }
+  if (last && warp + STEP >= blocks) pdl_launch_dependents();
+  consume(warp);
+  for (int b0 = warp + STEP; b0 < blocks; b0 += STEP) {
+    fetch(b0);
+    if (last && b0 + STEP >= blocks) pdl_launch_dependents();
+    consume(b0);
+  }
+  if (last) pdl_launch_dependents();
+
+  part[warp][gq][2 * tq] = c[0];
+  part[warp][gq][2 * tq + 1] = c[1];
+  part[warp][gq + 8][2 * tq] = c[2];
+  part[warp][gq + 8][2 * tq + 1] = c[3];
+  __syncthreads();
+  for (int e = threadIdx.x; e < m * MMA_CPB; e += WARPS * 32) {
+    const int r = e / MMA_CPB, local = e % MMA_CPB;
+    float acc = 0.f;
+#pragma unroll
+    for (int x = 0; x < WARPS; ++x) acc += part[x][local][r];
+    const int wr = epi.weight_row(g, local, MMA_CPB);
+    const int row = max(wr, 0);
+    const float v = fmaf(acc, scale != nullptr ? scale[row] : 1.f, bias != nullptr ? to_float(bias[row]) : 0.f);
+    if constexpr (Epi::kTile) {
+      tile[r][local] = v;
+    } else if (wr >= 0) {
+      epi.store(r, wr, v);
+    }
+  }
+  if constexpr (Epi::kTile) {
+    __syncthreads();
+    epi.template store_tile<ROWS, MMA_CPB>(g, tile, m);
+  }
+  __syncthreads();  // `part` and `tile` are free for the block's next group
+}
+
 // A block serves one channel group, or, when it prepares its input in a prologue, one group after
 // another (grid-strided) so the prologue is paid once per block rather than once per group.
+// NPW == 0 selects the tensor-core body (groups of MMA_CPB channels, UNROLL blocks a warp in flight).
 template <typename T, typename W, int ROWS, int NPW, int UNROLL, int WARPS, class X, class Epi>
 __device__ __forceinline__ void gemv_body(X& xin, const W* __restrict__ w, const float* __restrict__ scale,
                                           const T* __restrict__ bias, int m, int k, const Epi& epi) {
-  constexpr int CPB = WARPS * NPW;
+  constexpr bool MMA = NPW == 0;
+  constexpr int CPB = MMA ? MMA_CPB : WARPS * NPW;
   __shared__ float red[WARPS * ROWS];
   __shared__ float tile[Epi::kTile ? ROWS : 1][Epi::kTile ? CPB : 1];
+  __shared__ float part[MMA ? WARPS * MMA_CPB * 8 : 1];  // the tensor-core body's partial sums
   const int groups = epi.groups(CPB);
+  auto group = [&](int g, bool first, bool last) {
+    if constexpr (MMA) {
+      gemv_mma_group<T, W, ROWS, UNROLL, WARPS>(g, first, last, xin, w, scale, bias, m, k, epi, red,
+                                                reinterpret_cast<float (*)[MMA_CPB][8]>(part), tile);
+    } else {
+      gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(g, first, last, xin, w, scale, bias, m, k, epi, red, tile);
+    }
+  };
   if constexpr (X::kPrologue) {
-    for (int g = blockIdx.x; g < groups; g += gridDim.x)
-      gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, g + (int)gridDim.x >= groups, xin, w,
-                                                 scale, bias, m, k, epi, red, tile);
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) group(g, g == (int)blockIdx.x, g + (int)gridDim.x >= groups);
   } else if ((int)blockIdx.x < groups) {
-    gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(blockIdx.x, true, true, xin, w, scale, bias, m, k, epi, red, tile);
+    group(blockIdx.x, true, true);
   }
 }
 

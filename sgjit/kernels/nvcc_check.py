@@ -26,7 +26,7 @@ from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
 from sgjit.kernels.cuda.fp8_quant import quantize_rows_name
 from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
 from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
-from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES, gemv_name
+from sgjit.kernels.cuda.gemv import MMA_TILES, ROW_BUCKETS, TILES, gemv_name
 from sgjit.kernels.cuda.lean_decode import lean_decode_name
 from sgjit.kernels.cuda.megakernel import megakernel_name
 from sgjit.kernels.cuda.norm import norm_name
@@ -100,17 +100,24 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         "lean_decode": sorted(_lean_instantiations(dtypes, kvs, dims_groups, full)),
         "attention_sm90": sorted(sm90),
         "sampling": list(SAMPLING_NAMES),
-        "gemv": [
-            gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS
-        ]
-        + [
-            fused_name(kernel, dt, w, b, kv)
-            for kernel in FUSED_KERNELS
-            for dt, kv in kv_pairs
-            for w in (dt, "fp8_e4m3")
-            for b in fused_buckets
-            if kernel == ROPE or kv == dt
-        ],
+        "gemv": sorted(
+            {gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS}
+            | {
+                fused_name(kernel, dt, w, b, kv, tiles)
+                for kernel in FUSED_KERNELS
+                for dt, kv in kv_pairs
+                for w in (dt, "fp8_e4m3")
+                for b in fused_buckets
+                for tiles in (TILES, MMA_TILES)
+                if kernel == ROPE or kv == dt
+            }
+            | {
+                gemv_name(dt, dt, b, *MMA_TILES[b])
+                for dt in dtypes
+                for b in ROW_BUCKETS
+                if MMA_TILES[b][0] == 0
+            }
+        ),
         "fp8_quant": [quantize_rows_name(dt) for dt in dtypes],
         # every rows bucket at SmolLM2's heads (the model it is for), the other recorded heads at 1 row
         "megakernel": sorted(

@@ -47,10 +47,14 @@ def _no_fallback(*_a, **_k):
     raise AssertionError("the fused kernel refused a step it should serve")
 
 
-@pytest.fixture(scope="module")
-def fused():
-    """FusedGemv for 16 rows, by (dtype, KV pool dtype), with no fallback."""
+@pytest.fixture(scope="module", params=["fma", "mma"])
+def fused(request):
+    """FusedGemv for 16 rows, by (dtype, KV pool dtype), with no fallback: on the default tiles, and on
+    the tensor-core body for 16-bit weights up to 8 rows (gemv.MMA_TILES)."""
     from sgjit.kernels.cuda.fused_gemv import FusedGemv
+    from sgjit.kernels.cuda.gemv import MMA_TILES, TILES
+
+    tiles = MMA_TILES if request.param == "mma" else TILES
 
     profile = device_profile(DEV)
     none = reference.Composition(_no_fallback, _no_fallback, _no_fallback, _no_fallback)
@@ -60,7 +64,14 @@ def fused():
         key = (dtype, kv_dtype or dtype)
         if key not in cache:
             cache[key] = FusedGemv(
-                dtype, NAMES[dtype], NAMES[key[1]], 16, profile.sm_count, profile.smem_per_block_optin, none
+                dtype,
+                NAMES[dtype],
+                NAMES[key[1]],
+                16,
+                profile.sm_count,
+                profile.smem_per_block_optin,
+                none,
+                tiles=tiles,
             )
         return cache[key]
 

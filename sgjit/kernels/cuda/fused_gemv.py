@@ -24,6 +24,7 @@ from sgjit.kernels.cuda.gemv import (
     flat_rows,
     gemv_fits,
     gemv_name,
+    tile_of,
     weight_parts,
 )
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr, resident_blocks
@@ -37,9 +38,17 @@ _NORMED = (NORM, SILU, ROPE)  # kernels that normalise their rows into shared me
 _STATIC_SMEM = 4096  # the body's reduction scratch and output tile, with room to spare
 
 
-def fused_name(kernel: str, dtype: str, weight: str, rows: int, kv_dtype: str) -> str:
-    b = bucket(rows)
-    return gemv_name(dtype, weight, b, *TILES[b], kernel=kernel, kv=kv_dtype if kernel == ROPE else None)
+def fused_name(
+    kernel: str, dtype: str, weight: str, rows: int, kv_dtype: str, tiles: dict[int, tuple[int, int]] = TILES
+) -> str:
+    return gemv_name(
+        dtype,
+        weight,
+        bucket(rows),
+        *tile_of(rows, weight, tiles),
+        kernel=kernel,
+        kv=kv_dtype if kernel == ROPE else None,
+    )
 
 
 class FusedGemv:
@@ -53,11 +62,13 @@ class FusedGemv:
         smem_per_block: int,
         composed: Composition,
         pdl: bool = False,
+        tiles: dict[int, tuple[int, int]] = TILES,
     ) -> None:
         """`smem_per_block`: the device's opt-in shared memory per block (bounds rows x K of the
         normalised input); `composed`: the unfused ops for what the kernels do not take; `pdl`:
-        launch to overlap the kernel before inside captured graphs (pdl.py)."""
-        self.pdl = pdl
+        launch to overlap the kernel before inside captured graphs (pdl.py); `tiles`: the GEMV tile
+        per rows bucket (gemv.py; another map to compare or test tiles)."""
+        self.pdl, self.tiles = pdl, tiles
         if rows not in ROW_BUCKETS:
             raise ValueError(f"fused GEMV rows must be one of {ROW_BUCKETS}")
         self.dtype, self.dtype_name, self.kv_name = dtype, dtype_name, kv_dtype_name
@@ -67,7 +78,8 @@ class FusedGemv:
         self.composed = composed
         self._kernels: dict[str, object] = {}
         self._compile(
-            [fused_name(k, dtype_name, dtype_name, b, kv_dtype_name) for k in KERNELS for b in ROW_BUCKETS if b <= rows]
+            [fused_name(k, dtype_name, dtype_name, b, kv_dtype_name, tiles) for k in KERNELS for b in ROW_BUCKETS
+             if b <= rows]
         )  # fmt: skip
 
     def _compile(self, names: list[str]) -> None:
@@ -76,12 +88,18 @@ class FusedGemv:
                 allow_smem(kernel, self.smem_limit)
             self._kernels[name] = kernel
 
+    def _kind(self, weight: Tensor | Fp8Weight) -> str:
+        return FP8_KIND if isinstance(weight, Fp8Weight) else self.dtype_name
+
     def _kernel(self, kernel: str, weight: Tensor | Fp8Weight, m: int):
-        kind = FP8_KIND if isinstance(weight, Fp8Weight) else self.dtype_name
-        name = fused_name(kernel, self.dtype_name, kind, m, self.kv_name)
+        name = fused_name(kernel, self.dtype_name, self._kind(weight), m, self.kv_name, self.tiles)
         if name not in self._kernels:
             self._compile([name])
         return self._kernels[name]
+
+    def _channels(self, weight: Tensor | Fp8Weight, m: int) -> int:
+        """Output channels a block of the kernel for `weight` at `m` rows owns."""
+        return channels_per_block(m, self._kind(weight), self.tiles)
 
     # ----- what the kernels take -----
     def _takes(self, x: Tensor, weight: Tensor | Fp8Weight, bias: Tensor | None = None) -> bool:
@@ -122,7 +140,7 @@ class FusedGemv:
         m, k = flat.shape
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         launch(
-            self._kernel(RESIDUAL, weight, m), (-(-n // channels_per_block(m)),), THREADS,
+            self._kernel(RESIDUAL, weight, m), (-(-n // self._channels(weight, m)),), THREADS,
             (ptr(flat), ptr(data), ptr(scale), ptr(res), ptr(out), np.int32(m), np.int32(n), np.int32(k),
              np.int64(flat.stride(0)), np.int64(res.stride(0)), np.int64(n)), pdl=self.pdl,
         )  # fmt: skip
@@ -143,7 +161,7 @@ class FusedGemv:
         (m, k), n = flat.shape, data.shape[0]
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         self._launch_normed(
-            self._kernel(NORM, weight, m), -(-n // channels_per_block(m)), flat,
+            self._kernel(NORM, weight, m), -(-n // self._channels(weight, m)), flat,
             (ptr(flat), ptr(norm_weight), np.float32(eps), ptr(data), ptr(scale), ptr(bias), ptr(out),
              np.int32(m), np.int32(n), np.int32(k), np.int64(flat.stride(0)), np.int64(n)),
         )  # fmt: skip
@@ -159,7 +177,7 @@ class FusedGemv:
         (m, k), inter = flat.shape, data.shape[0] // 2
         out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
         self._launch_normed(
-            self._kernel(SILU, gate_up_weight, m), -(-inter // (channels_per_block(m) // 2)), flat,
+            self._kernel(SILU, gate_up_weight, m), -(-inter // (self._channels(gate_up_weight, m) // 2)), flat,
             (ptr(flat), ptr(norm_weight), np.float32(eps), ptr(data), ptr(scale), ptr(out), np.int32(m),
              np.int32(inter), np.int32(k), np.int64(flat.stride(0)), np.int64(inter)),
         )  # fmt: skip
@@ -193,7 +211,7 @@ class FusedGemv:
         q = torch.empty((m, hq, d), dtype=x.dtype, device=x.device)
         pairs = heads * d // 2
         self._launch_normed(
-            self._kernel(ROPE, qkv_weight, m), -(-pairs // (channels_per_block(m) // 2)), flat,
+            self._kernel(ROPE, qkv_weight, m), -(-pairs // (self._channels(qkv_weight, m) // 2)), flat,
             (ptr(flat), ptr(norm_weight), np.float32(eps), ptr(data), ptr(scale), ptr(qkv_bias), ptr(cos_sin),
              ptr(slots), ptr(q), ptr(kv.k), ptr(kv.v), np.int32(m), np.int32(k), np.int64(flat.stride(0)),
              np.int32(hq), np.int32(hkv), np.int32(d), np.int32(rot), np.float32(kv.k_scale), np.float32(kv.v_scale)),

@@ -27,8 +27,12 @@ ROW_BUCKETS = (1, 2, 4, 8, 16)
 # GEMVs at copy bandwidth, (2, 2) at 2 rows 1.7x slower on a 4096-wide weight); (2, 4) for 2-4 rows
 # is the candidate `--only gemv_tiles` of bench.kernels is to decide. Neither changes a lane's
 # summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
-# on sm_80.
+# on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 8 rows; gemv.cuh): 16 channels
+# a block, its warps splitting K, UNROLL 64-element blocks in flight a warp.
 TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
+# The tensor-core body at every bucket it serves (up to 8 rows), for the tile sweep and the tests:
+# not the default until a GPU run finds it faster.
+MMA_TILES: dict[int, tuple[int, int]] = {**TILES, 1: (0, 2), 2: (0, 2), 4: (0, 2), 8: (0, 2)}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
 
@@ -44,8 +48,21 @@ def bucket(m: int) -> int:
     return next(b for b in ROW_BUCKETS if b >= m)
 
 
-def channels_per_block(rows: int, tiles: dict[int, tuple[int, int]] = TILES) -> int:
-    return WARPS * tiles[bucket(rows)][0]
+MMA_CHANNELS = 16  # a block's channels in the tensor-core body (gemv.cuh's MMA_CPB)
+
+
+def tile_of(rows: int, weight: str, tiles: dict[int, tuple[int, int]] = TILES) -> tuple[int, int]:
+    """The (NPW, UNROLL) tile for `rows` rows of a `weight` kind: `tiles`' entry for the rows bucket,
+    except that the tensor-core body (NPW 0) takes 16-bit weights only: FP8 weights keep TILES'."""
+    b = bucket(rows)
+    tile = tiles[b]
+    return TILES[b] if tile[0] == 0 and weight == FP8_KIND else tile
+
+
+def channels_per_block(rows: int, weight: str, tiles: dict[int, tuple[int, int]] = TILES) -> int:
+    """A block's output channels: WARPS x NPW, or the tensor-core body's 16 (NPW 0)."""
+    npw = tile_of(rows, weight, tiles)[0]
+    return WARPS * npw if npw else MMA_CHANNELS
 
 
 def aligned_rows(t: torch.Tensor) -> bool:
@@ -99,7 +116,7 @@ class GemvLinear:
         for kind, limit in ((dtype_name, dense_rows), (FP8_KIND, fp8_rows)):
             for b in ROW_BUCKETS:
                 if b <= limit:
-                    names[(kind, b)] = gemv_name(dtype_name, kind, b, *tiles[b])
+                    names[(kind, b)] = gemv_name(dtype_name, kind, b, *tile_of(b, kind, tiles))
         compiled = compile_kernels("gemv", sorted(set(names.values()))) if names else {}
         self._kernels = {key: compiled[n] for key, n in names.items()}
         self.quantize = Fp8Quantize(dtype, dtype_name)
@@ -127,11 +144,11 @@ class GemvLinear:
         flat = flat_rows(x)
         data, scale = weight_parts(weight)
         m, n = flat.shape[0], data.shape[0]
-        b = bucket(m)
-        kernel = self._kernels[FP8_KIND if fp8 else self.dtype_name, b]
+        b, kind = bucket(m), FP8_KIND if fp8 else self.dtype_name
+        kernel = self._kernels[kind, b]
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         launch(
-            kernel, (-(-n // channels_per_block(m, self.tiles)),), THREADS,
+            kernel, (-(-n // channels_per_block(m, kind, self.tiles)),), THREADS,
             (ptr(flat), ptr(data), ptr(scale), ptr(bias), ptr(out), np.int32(m), np.int32(n), np.int32(k),
              np.int64(flat.stride(0)), np.int64(n)), pdl=self.pdl,
         )  # fmt: skip
