@@ -500,7 +500,7 @@ def bench_fp8_quant(profile: DeviceProfile, ceil: Ceilings, rows: list) -> None:
 
 
 GEMV_TILE_CANDIDATES = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2))
-GEMV_MMA_CANDIDATES = ((0, 1), (0, 2), (0, 4))  # the tensor-core body: 16-bit weights, up to 8 rows
+GEMV_MMA_CANDIDATES = ((0, 1), (0, 2), (0, 4))  # the tensor-core body (16-bit weights)
 
 
 def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:

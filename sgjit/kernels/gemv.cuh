@@ -382,9 +382,9 @@ __device__ __forceinline__ void gemv_group(int g, bool first, bool last, X& xin,
 // A group is MMA_CPB = 16 output channels walked by all WARPS warps together, warp w taking K's
 // 64-element blocks w, w + WARPS, ...: mma.sync m16n8k16 with the 16 channels' weight rows as A and
 // the input rows as the 8 columns of B (columns past m are zero), so 16-bit weights reach the tensor
-// cores as loaded, with no widening, and up to 8 rows cost what one does. Lane (g, t) = (lane / 4,
-// lane % 4) loads elements [16 t, 16 t + 16) of a block from channels g and g + 8 and from input row
-// g; k16 step j of the block takes elements 16 t + 4 j + {0, 1} where the instruction reads k = 2 t +
+// cores as loaded, with no widening, and up to 8 rows cost what one does (more rows: one n8 tile of B
+// per 8, up to 32). Lane (g, t) = (lane / 4, lane % 4) loads elements [16 t, 16 t + 16) of a block from
+// channels g and g + 8 and from input rows g, g + 8, ...; k16 step j of the block takes elements 16 t + 4 j + {0, 1} where the instruction reads k = 2 t +
 // {0, 1} and 16 t + 4 j + {2, 3} where it reads 2 t + 8 + {0, 1}, for A and B alike, so the four
 // steps cover the block's 64 elements once each. The order of a dot product is then the tensor
 // core's and the warp order, the same for every input row: a row's result does not depend on M. The
@@ -394,10 +394,11 @@ constexpr int MMA_CPB = 16;
 template <typename T, typename W, int ROWS, int UNROLL, int WARPS, class X, class Epi, typename Tile>
 __device__ __forceinline__ void gemv_mma_group(int g, bool first, bool last, X& xin, const W* __restrict__ w,
                                                const float* __restrict__ scale, const T* __restrict__ bias, int m,
-                                               int k, const Epi& epi, float* red, float (*part)[MMA_CPB][8],
+                                               int k, const Epi& epi, float* red, float* part,
                                                Tile tile) {
   static_assert(sizeof(W) == 2 && sizeof(T) == 2, "the tensor-core body takes 16-bit weights");
-  static_assert(ROWS <= 8, "one n8 tile of input rows");
+  static_assert(ROWS <= 32, "up to four n8 tiles of input rows");
+  constexpr int NT = (ROWS + 7) / 8;  // n8 tiles of input rows
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gq = lane >> 2, tq = lane & 3;
   const int wrow[2] = {epi.weight_row(g, gq, MMA_CPB), epi.weight_row(g, gq + 8, MMA_CPB)};
@@ -421,31 +422,39 @@ __device__ __forceinline__ void gemv_mma_group(int g, bool first, bool last, X& 
       }
     }
   };
-  float c[4] = {0.f, 0.f, 0.f, 0.f};  // channels g (c0, c1), g + 8 (c2, c3); input rows 2 t, 2 t + 1
+  // c[nt]: channels g (c0, c1) and g + 8 (c2, c3) against input rows 8 nt + 2 t, 8 nt + 2 t + 1
+  float c[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
   auto consume = [&](int b0) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int b = b0 + u * WARPS;
       if (b >= blocks) break;
-      uint4 xv[2];
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const int v = b * 8 + 2 * tq + p;
-        if (gq < m && v < vecs) {
-          const Vec8<T> x8 = xin.load(gq, v * 8);
-          xv[p] = *reinterpret_cast<const uint4*>(&x8);
-        } else {
-          xv[p] = make_uint4(0, 0, 0, 0);
+      for (int nt = 0; nt < NT; ++nt) {
+        if (8 * nt >= m) break;
+        const int r = 8 * nt + gq;
+        uint4 xv[2];
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const int v = b * 8 + 2 * tq + p;
+          if (r < m && v < vecs) {
+            const Vec8<T> x8 = xin.load(r, v * 8);
+            xv[p] = *reinterpret_cast<const uint4*>(&x8);
+          } else {
+            xv[p] = make_uint4(0, 0, 0, 0);
+          }
         }
-      }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const u32* w0 = reinterpret_cast<const u32*>(&wv[u][0][j >> 1]);
-        const u32* w1 = reinterpret_cast<const u32*>(&wv[u][1][j >> 1]);
-        const u32* xw = reinterpret_cast<const u32*>(&xv[j >> 1]);
-        const int lo = 2 * (j & 1);
-        const u32 a[4] = {w0[lo], w1[lo], w0[lo + 1], w1[lo + 1]};
-        mma16816<T>(c, a, xw[lo], xw[lo + 1]);
+        for (int j = 0; j < 4; ++j) {
+          const u32* w0 = reinterpret_cast<const u32*>(&wv[u][0][j >> 1]);
+          const u32* w1 = reinterpret_cast<const u32*>(&wv[u][1][j >> 1]);
+          const u32* xw = reinterpret_cast<const u32*>(&xv[j >> 1]);
+          const int lo = 2 * (j & 1);
+          const u32 a[4] = {w0[lo], w1[lo], w0[lo + 1], w1[lo + 1]};
+          mma16816<T>(c[nt], a, xw[lo], xw[lo + 1]);
+        }
       }
     }
   };
@@ -466,16 +475,23 @@ __device__ __forceinline__ void gemv_mma_group(int g, bool first, bool last, X& 
   }
   if (last) pdl_launch_dependents();
 
-  part[warp][gq][2 * tq] = c[0];
-  part[warp][gq][2 * tq + 1] = c[1];
-  part[warp][gq + 8][2 * tq] = c[2];
-  part[warp][gq + 8][2 * tq + 1] = c[3];
+  // part[warp][channel][input row]
+  constexpr int PR = 8 * NT;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float* p0 = part + (warp * MMA_CPB + gq) * PR + 8 * nt + 2 * tq;
+    float* p1 = p0 + 8 * PR;  // channel g + 8
+    p0[0] = c[nt][0];
+    p0[1] = c[nt][1];
+    p1[0] = c[nt][2];
+    p1[1] = c[nt][3];
+  }
   __syncthreads();
   for (int e = threadIdx.x; e < m * MMA_CPB; e += WARPS * 32) {
     const int r = e / MMA_CPB, local = e % MMA_CPB;
     float acc = 0.f;
 #pragma unroll
-    for (int x = 0; x < WARPS; ++x) acc += part[x][local][r];
+    for (int x = 0; x < WARPS; ++x) acc += part[(x * MMA_CPB + local) * PR + r];
     const int wr = epi.weight_row(g, local, MMA_CPB);
     const int row = max(wr, 0);
     const float v = fmaf(acc, scale != nullptr ? scale[row] : 1.f, bias != nullptr ? to_float(bias[row]) : 0.f);
@@ -502,12 +518,11 @@ __device__ __forceinline__ void gemv_body(X& xin, const W* __restrict__ w, const
   constexpr int CPB = MMA ? MMA_CPB : WARPS * NPW;
   __shared__ float red[WARPS * ROWS];
   __shared__ float tile[Epi::kTile ? ROWS : 1][Epi::kTile ? CPB : 1];
-  __shared__ float part[MMA ? WARPS * MMA_CPB * 8 : 1];  // the tensor-core body's partial sums
+  __shared__ float part[MMA ? WARPS * MMA_CPB * 8 * ((ROWS + 7) / 8) : 1];  // the tensor-core body's sums
   const int groups = epi.groups(CPB);
   auto group = [&](int g, bool first, bool last) {
     if constexpr (MMA) {
-      gemv_mma_group<T, W, ROWS, UNROLL, WARPS>(g, first, last, xin, w, scale, bias, m, k, epi, red,
-                                                reinterpret_cast<float (*)[MMA_CPB][8]>(part), tile);
+      gemv_mma_group<T, W, ROWS, UNROLL, WARPS>(g, first, last, xin, w, scale, bias, m, k, epi, red, part, tile);
     } else {
       gemv_group<T, W, ROWS, NPW, UNROLL, WARPS>(g, first, last, xin, w, scale, bias, m, k, epi, red, tile);
     }

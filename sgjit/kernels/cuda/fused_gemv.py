@@ -35,7 +35,7 @@ from sgjit.kernels.reference import Composition
 RESIDUAL, NORM, SILU, ROPE = "gemv_residual_kernel", "rmsnorm_gemv_kernel", "rmsnorm_gemv_silu_kernel", "rmsnorm_gemv_rope_kernel"  # fmt: skip
 KERNELS = (RESIDUAL, NORM, SILU, ROPE)
 _NORMED = (NORM, SILU, ROPE)  # kernels that normalise their rows into shared memory first
-_STATIC_SMEM = 4096  # the body's reduction scratch and output tile, with room to spare
+_STATIC_SMEM = 8192  # the body's reduction scratch, output tile and tensor-core sums, with room
 
 
 def fused_name(

@@ -27,12 +27,12 @@ ROW_BUCKETS = (1, 2, 4, 8, 16)
 # GEMVs at copy bandwidth, (2, 2) at 2 rows 1.7x slower on a 4096-wide weight); (2, 4) for 2-4 rows
 # is the candidate `--only gemv_tiles` of bench.kernels is to decide. Neither changes a lane's
 # summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
-# on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 8 rows; gemv.cuh): 16 channels
+# on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 32 rows; gemv.cuh): 16 channels
 # a block, its warps splitting K, UNROLL 64-element blocks in flight a warp.
 TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
-# The tensor-core body at every bucket it serves (up to 8 rows), for the tile sweep and the tests:
+# The tensor-core body at every rows bucket, for the tile sweep and the tests:
 # not the default until a GPU run finds it faster.
-MMA_TILES: dict[int, tuple[int, int]] = {**TILES, 1: (0, 2), 2: (0, 2), 4: (0, 2), 8: (0, 2)}
+MMA_TILES: dict[int, tuple[int, int]] = {b: (0, 2) for b in ROW_BUCKETS}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
 
