@@ -263,6 +263,32 @@ template <typename T, typename KVT> struct EpiRopeStoreKV {
   }
 };
 
+// ---- the streaming loop both bodies run ----------------------------------------------------------
+// A lane's (or warp's) units start, start + step, ... < end, each fetched and then consumed. The
+// first unit's loads fly while the block waits for the kernel before it (a dependent launch, pdl.py:
+// weights are never written) and prepares its rows (`prepare`, the block's first group only). The
+// next kernel may start once the block's last group has issued its last loads, so its first loads
+// are in flight while these land (H100, 8B b=1: 176.8 -> 182.1 tok/s against a trigger after the
+// last consume, which left DRAM idle across every kernel boundary; at the block's start, its waiting
+// blocks slowed the GEMVs down: docs/performance.md).
+template <class Fetch, class Consume, class Prepare>
+__device__ __forceinline__ void stream_units(int start, int end, int step, bool first, bool last, Fetch fetch,
+                                             Consume consume, Prepare prepare) {
+  fetch(start);
+  if (first) {
+    pdl_wait();
+    prepare();
+  }
+  if (last && start + step >= end) pdl_launch_dependents();
+  if (start < end) consume(start);
+  for (int u = start + step; u < end; u += step) {
+    fetch(u);
+    if (last && u + step >= end) pdl_launch_dependents();
+    consume(u);
+  }
+  if (last) pdl_launch_dependents();  // lanes or warps with no unit
+}
+
 // ---- the body -----------------------------------------------------------------------------------
 
 // One group of WARPS * NPW output channels: stream their weight rows against the m input rows,
@@ -323,25 +349,9 @@ __device__ __forceinline__ void gemv_group(int g, bool first, bool last, X& xin,
     }
   };
 
-  // The first weight loads fly while the block waits for the kernel before it (a dependent launch,
-  // pdl.py: weights are never written) and prepares its rows.
-  fetch(lane);
-  if (first) {
-    pdl_wait();
+  stream_units(lane, vecs, 32 * UNROLL, first, last, fetch, consume, [&] {
     if constexpr (X::kPrologue) xin.template prepare<ROWS, WARPS * 32>(m, red);
-  }
-  // The next kernel may start once the block's last group has issued its last weight loads, so its
-  // first loads are in flight while these land (H100, 8B b=1: 176.8 -> 182.1 tok/s against a
-  // trigger after the last consume, which left DRAM idle across every kernel boundary; at the block's
-  // start, its waiting blocks slowed the GEMVs down: docs/performance.md).
-  if (last && lane + 32 * UNROLL >= vecs) pdl_launch_dependents();
-  if (lane < vecs) consume(lane);
-  for (int base = lane + 32 * UNROLL; base < vecs; base += 32 * UNROLL) {
-    fetch(base);
-    if (last && base + 32 * UNROLL >= vecs) pdl_launch_dependents();
-    consume(base);
-  }
-  if (last) pdl_launch_dependents();  // lanes past the row's end
+  });
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -459,21 +469,9 @@ __device__ __forceinline__ void gemv_mma_group(int g, bool first, bool last, X& 
     }
   };
 
-  // As in gemv_group: the first loads fly while the block waits for the kernel before it and
-  // prepares its rows; the next kernel may start once the last group's last loads are issued.
-  fetch(warp);
-  if (first) {
-    pdl_wait();
+  stream_units(warp, blocks, STEP, first, last, fetch, consume, [&] {
     if constexpr (X::kPrologue) xin.template prepare<ROWS, WARPS * 32>(m, red);
-  }
-  if (last && warp + STEP >= blocks) pdl_launch_dependents();
-  consume(warp);
-  for (int b0 = warp + STEP; b0 < blocks; b0 += STEP) {
-    fetch(b0);
-    if (last && b0 + STEP >= blocks) pdl_launch_dependents();
-    consume(b0);
-  }
-  if (last) pdl_launch_dependents();
+  });
 
   // part[warp][channel][input row]
   constexpr int PR = 8 * NT;
