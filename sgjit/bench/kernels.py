@@ -518,11 +518,12 @@ def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail:
             ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
             if kind == "fp8":
                 ws = [Fp8Weight.quantize(w) for w in ws]
+            candidates = GEMV_TILE_CANDIDATES + (GEMV_MMA_CANDIDATES if kind == "bf16" else ())
             for m in row_counts:
                 x = torch.randn(m, k, device=DEV, dtype=BF16)
+                limits = (m, 0) if kind == "bf16" else (0, m)  # the GEMV's rows for this weight kind
                 times = {}
-                for tile in GEMV_TILE_CANDIDATES + (GEMV_MMA_CANDIDATES if kind == "bf16" else ()):
-                    limits = (m, 0) if kind == "bf16" else (0, m)
+                for tile in candidates:
                     op = GemvLinear(BF16, "bfloat16", *limits, tiles={**TILES, m: tile})
                     times[tile] = median_graph_seconds(
                         _rotating(lambda i, op=op, x=x, ws=ws: lambda: op(x, ws[i]), copies)

@@ -239,7 +239,7 @@ def _layer_bytes(shapes: ModelShapes) -> int:
 DEPENDENT_LAUNCH_OPS = ("linear", "attention", *FUSED_OPS)
 
 
-def _dependent_launch(profile: DeviceProfile, shapes: ModelShapes) -> tuple[bool, str]:
+def _dependent_launch(profile: DeviceProfile) -> tuple[bool, str]:
     if profile.compute_capability < (9, 0):
         return False, "plain launches (dependent launch needs sm_90)"
     return True, "dependent launches in captured graphs"
@@ -430,7 +430,7 @@ class KernelSelector:
     ) -> tuple[dict[str, Any], str]:
         tunables, why = self._tune_op(op, profile, shapes, workload)
         if op in DEPENDENT_LAUNCH_OPS:
-            on, how = _dependent_launch(profile, shapes)
+            on, how = _dependent_launch(profile)
             tunables, why = {**tunables, "dependent_launch": on}, f"{why}; {how}" if why else how
         return tunables, why
 

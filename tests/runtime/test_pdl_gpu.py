@@ -27,7 +27,7 @@ def test_dependent_launches_change_no_token(model, monkeypatch):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     # every shape on dependent launches (whatever the selector would choose)
-    monkeypatch.setattr(selector, "_dependent_launch", lambda profile, shapes: (True, "test"))
+    monkeypatch.setattr(selector, "_dependent_launch", lambda profile: (True, "test"))
     calls = []
     real = module.launch_dependent
     monkeypatch.setattr(module, "launch_dependent", lambda *a: calls.append(1) or real(*a))
