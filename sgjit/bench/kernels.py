@@ -505,21 +505,24 @@ GEMV_MMA_CANDIDATES = ((0, 1), (0, 2), (0, 4))  # the tensor-core body (16-bit w
 
 def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail: dict) -> None:
     """The GEMV's tile (channels a warp owns, loads in flight per channel and lane) swept on three 8B
-    weights (graph replays, weights rotated past L2): bf16 weights at 1, 2, 4 and 8 rows, with the
-    tensor-core body (NPW 0) too, FP8 weights at the 1, 2 and 4 rows the GEMV takes them. What `TILES`
-    should be (one table serves both kinds)."""
-    from sgjit.kernels.cuda.gemv import TILES, GemvLinear
+    weights (graph replays, weights rotated past L2): bf16 weights at 1-8 rows on both bodies and at
+    16 on the tensor-core body (NPW 0; the FMA body's tiles spill or crawl there), FP8 weights
+    on the FMA body at the 1, 2 and 4 rows the GEMV takes them; cuBLAS on the same bf16 weights
+    beside them (`cublas_us`). What `TILES` and the GEMV's rows should be."""
+    from sgjit.kernels.cuda.gemv import FP8_KIND, TILES, GemvLinear, tile_of
     from sgjit.kernels.fp8 import Fp8Weight
 
     swept: dict[str, float] = {}
     for name, n, k in GEMV_WEIGHTS[1:4]:  # o_proj, gate_up, down
-        for kind, elem, row_counts in (("bf16", 2, (1, 2, 4, 8)), ("fp8", 1, (1, 2, 4))):
+        for kind, elem, row_counts in (("bf16", 2, (1, 2, 4, 8, 16)), ("fp8", 1, (1, 2, 4))):
             copies = max(1, -(-3 * profile.l2_bytes // (elem * n * k)))
             ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for _ in range(copies)]
             if kind == "fp8":
                 ws = [Fp8Weight.quantize(w) for w in ws]
-            candidates = GEMV_TILE_CANDIDATES + (GEMV_MMA_CANDIDATES if kind == "bf16" else ())
             for m in row_counts:
+                current = tile_of(m, FP8_KIND if kind == "fp8" else "bfloat16")
+                fma = GEMV_TILE_CANDIDATES if m <= 8 else (current,)
+                candidates = fma + (GEMV_MMA_CANDIDATES if kind == "bf16" else ())
                 x = torch.randn(m, k, device=DEV, dtype=BF16)
                 limits = (m, 0) if kind == "bf16" else (0, m)  # the GEMV's rows for this weight kind
                 times = {}
@@ -530,8 +533,13 @@ def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail:
                     )
                     swept[f"{name} {kind} M={m} {tile}"] = times[tile] * 1e6
                 best = min(times, key=times.get)
-                row = _row(f"gemv tile sweep ({kind}): best {best}, current {TILES[m]}", f"{name} M={m} {n}x{k}",
-                           times[best], times[TILES[m]], current_us=times[TILES[m]] * 1e6)  # fmt: skip
+                peer = {}  # cuBLAS on the same rotated bf16 weights (what takes these rows past the GEMV's)
+                if kind == "bf16":
+                    peer["cublas_us"] = 1e6 * median_graph_seconds(
+                        _rotating(lambda i, x=x, ws=ws: lambda: F.linear(x, ws[i]), copies)
+                    )
+                row = _row(f"gemv tile sweep ({kind}): best {best}, current {current}", f"{name} M={m} {n}x{k}",
+                           times[best], times[current], current_us=times[current] * 1e6, **peer)  # fmt: skip
                 rows.append(_membound(row, elem * n * k, times[best], ceil, 90))
             del ws
             torch.cuda.empty_cache()

@@ -11,8 +11,9 @@
 //
 // NPW == 0 instantiates a second body for 16-bit weights (gemv.cuh, `gemv_mma_group`): the weights
 // feed mma.sync m16n8k16 as A, 16 channels a block, the input rows as B's columns, so up to 8 rows
-// cost what one does (32 at most). It is not in the default tile table (gemv.py's TILES) until a GPU
-// run finds it faster; `bench.kernels --only gemv_tiles` sweeps it.
+// cost what one does (32 at most). It is not in the default tile table (gemv.py's TILES: measured no
+// faster than cuBLAS where the FMA body slows; gemv.py's MMA_TILES says by how much);
+// `bench.kernels --only gemv_tiles` sweeps it.
 //
 // One body (`gemv_body`), two compile-time policies:
 //  - the input X: read straight from global memory, or RMS-normalised by the block itself first

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from sgjit.kernels import reference
-from sgjit.kernels.cuda.gemv import ROW_BUCKETS, TILES
-from sgjit.kernels.cuda.megakernel import MAX_SPLITS, MIN_SPLIT_KEYS, WARPS
+from sgjit.kernels.cuda.gemv import ROW_BUCKETS
+from sgjit.kernels.cuda.megakernel import MAX_SPLITS, MEGA_TILES, MIN_SPLIT_KEYS, WARPS
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 
 # SmolLM2-135M
@@ -143,7 +143,7 @@ PHASES = {
 @pytest.mark.parametrize("rows", [b for b in ROW_BUCKETS if b <= 8])
 def test_gemv_phase_streams_each_row_once_and_writes_each_output_once(phase, rows):
     groups, weight_row, outputs, n_rows, want = PHASES[phase](rows)
-    cpb = WARPS * TILES[rows][0]
+    cpb = WARPS * MEGA_TILES[rows][0]
     for grid in GRIDS:
         streamed, written = [], []
         for cta in range(grid):

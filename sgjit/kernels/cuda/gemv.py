@@ -30,8 +30,11 @@ ROW_BUCKETS = (1, 2, 4, 8, 16)
 # on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 32 rows; gemv.cuh): 16 channels
 # a block, its warps splitting K, UNROLL 64-element blocks in flight a warp.
 TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
-# The tensor-core body at every rows bucket, for the tile sweep and the tests:
-# not the default until a GPU run finds it faster.
+# The tensor-core body at every rows bucket, for the tile sweep and the tests. Not the default: on the
+# H100 (docs/performance.md, 2026-12-07) it streams 2-8 rows at about its one-row speed (2.7x the FMA
+# body at 8 rows on o_proj), but cuBLAS does as well there on the 8B's weights (gate_up 78.7 vs 78.5
+# us at 8 rows, down 51.5 vs 43.3), the prologue of the fused kernels grows with the rows it
+# normalises, and at 16-32 rows the inputs it re-reads from L2 make it 1.2-1.7x slower than cuBLAS.
 MMA_TILES: dict[int, tuple[int, int]] = {b: (0, 2) for b in ROW_BUCKETS}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
