@@ -185,8 +185,9 @@ def _decode_sweep(profile: DeviceProfile, detail: dict) -> None:
 
 
 # The latency-bound small steps: where the selector's small-step tile and the lean decode kernel's
-# regime (registry.py) come from.
-SMALL_DECODE_STEPS = ((1, 512), (1, 1024), (1, 4096), (8, 512), (8, 4096))
+# regime (registry.py) come from; and the 8B's b=32 step of `bench.latency` (rows of 512-576 keys),
+# where the split count decode_splits picks is measured against the others.
+SMALL_DECODE_STEPS = ((1, 512), (1, 1024), (1, 4096), (8, 512), (8, 4096), (32, 576))
 SMALL_DECODE_SPLITS = (1, 2, 4, 8, 16, 32)
 # (warps, CTAs a SM (None: the occupancy calculator's), least keys a split, largest cluster (1: none))
 LEAN_SWEEP = ((8, None, 64, 8), (8, None, 64, 1), (4, None, 64, 8), (8, None, 128, 8), (8, 2, 64, 1))
@@ -215,6 +216,9 @@ def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[s
             )
             label = f"lean w{warps} c{per_sm or 'occ'} k{least} cl{cluster} s{lean.splits(b, ctx)}"
             times[label] = 1e6 * _graph_seconds(lambda op=lean, c=case: op(c.q, c.kv, c.meta, SCALE))
+        # what a model's step runs: the selector's op, its splits from a graph's power-of-two bound
+        selected = _attention_op(profile, _shapes(), 1 << (ctx - 1).bit_length())
+        times["selected"] = 1e6 * _graph_seconds(lambda op=selected, c=case: op(c.q, c.kv, c.meta, SCALE))
         times["sdpa_gqa"] = 1e6 * _sdpa_seconds(b, ctx, case.q)["sdpa_gqa"]
         out[f"B={b} ctx={ctx}"] = times
     return out

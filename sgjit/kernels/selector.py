@@ -56,13 +56,18 @@ INFLIGHT_PER_SM = 48 * 1024
 def decode_splits(
     profile: DeviceProfile, tile: AttnTile, shapes: ModelShapes, batch: int, max_context: int
 ) -> int:
-    """Splits of each row's keys in a decode step: the fewest that give every SM enough CTAs to keep
-    ~48 KB of K/V in flight (what HBM needs to stay busy), but never more CTAs than fit at once (a
-    second, partial wave leaves SMs idle: measured on the H200), no split shorter than two tiles of
-    the context bound, at most 32. Depends only on static values (batch, bound), so a captured
-    graph's grid stays valid."""
+    """Splits of each row's keys in a decode step: none once the unsplit step has a CTA for every SM
+    (a split then costs its merge and shortens every CTA's stream for no more SMs: at 32 rows of 576
+    keys on the 8B shape one split took 32.7-35.1 us with each decode tile, two 39.8-49.0, H100,
+    docs/performance.md); else the fewest that give every SM enough CTAs to keep ~48 KB of K/V in
+    flight (what HBM needs to stay busy), but never more CTAs than fit at once (a second, partial
+    wave leaves SMs idle: measured on the H200), no split shorter than two tiles of the context
+    bound, at most 32. Depends only on static values (batch, bound), so a captured graph's grid
+    stays valid."""
     m_tiles = -(-shapes.group // tile.bm)
     ctas = batch * shapes.num_kv_heads * m_tiles
+    if ctas >= profile.sm_count:
+        return 1
     resident = max(1, tile.blocks_per_sm(profile, shapes.head_dim, shapes.kv_bytes))
     per_sm = min(resident, -(-INFLIGHT_PER_SM // tile.inflight_bytes(shapes.head_dim, shapes.kv_bytes)))
     want = -(-profile.sm_count * per_sm // ctas)

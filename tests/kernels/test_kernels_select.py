@@ -263,6 +263,8 @@ def test_decode_splits_from_sm_count_and_context():
     splits = [decode_splits(p, tile, s, b, 4096) for b in (1, 2, 8, 64, 256)]
     assert splits == sorted(splits, reverse=True)
     assert splits[0] == 32 and splits[-2] == splits[-1] == 1  # B=64: 512 CTAs already keep HBM busy
+    assert decode_splits(p, tile, s, 32, 1024) == 1  # 256 CTAs: a CTA for every SM, no merge
+    assert decode_splits(p, tile, s, 16, 1024) > 1  # 128 CTAs: fewer than the 132 SMs
     ctas = 8 * 8 * splits[2]  # batch 8: three CTAs (48 KB) per SM, all in one wave
     assert 3 * 132 <= ctas <= 6 * 132
     assert decode_splits(p, tile, s, 1, 128) == 2  # no split shorter than two tiles of the bound
