@@ -89,6 +89,12 @@ def _attention_op(profile: DeviceProfile, shapes: ModelShapes, ctx: int, stream:
     )  # fmt: skip
 
 
+def _selector_streams(profile: DeviceProfile, ctx: int) -> bool:
+    """Whether the selector decodes a bf16 pool of these shapes on the streaming kernel."""
+    t = KernelSelector().select(profile, _shapes(), Workload(64, ctx))["attention"].tunables
+    return t.get("stream_decode") is not None
+
+
 def _sdpa_seconds(b: int, ctx: int, q: torch.Tensor) -> dict[str, float]:
     """torch SDPA of one query a row over contiguous K/V [B, Hkv, ctx, D]: with enable_gqa, and with
     K/V expanded to every query head where that fits."""
@@ -216,8 +222,10 @@ def _small_decode_sweep(profile: DeviceProfile, tiles: dict[str, Any]) -> dict[s
             )
             label = f"lean w{warps} c{per_sm or 'occ'} k{least} cl{cluster} s{lean.splits(b, ctx)}"
             times[label] = 1e6 * _graph_seconds(lambda op=lean, c=case: op(c.q, c.kv, c.meta, SCALE))
-        # what a model's step runs: the selector's op, its splits from a graph's power-of-two bound
-        selected = _attention_op(profile, _shapes(), 1 << (ctx - 1).bit_length())
+        # what a model's step runs: the selector's op (its decode kernel for a bf16 pool), its splits
+        # from a graph's power-of-two bound
+        bound = 1 << (ctx - 1).bit_length()
+        selected = _attention_op(profile, _shapes(), bound, stream=_selector_streams(profile, bound))
         times["selected"] = 1e6 * _graph_seconds(lambda op=selected, c=case: op(c.q, c.kv, c.meta, SCALE))
         times["sdpa_gqa"] = 1e6 * _sdpa_seconds(b, ctx, case.q)["sdpa_gqa"]
         out[f"B={b} ctx={ctx}"] = times
