@@ -32,9 +32,10 @@ ROW_BUCKETS = (1, 2, 4, 8, 16)
 TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
 # The tensor-core body at every rows bucket, for the tile sweep and the tests. Not the default: on the
 # H100 (docs/performance.md, 2026-12-07) it streams 2-8 rows at about its one-row speed (2.7x the FMA
-# body at 8 rows on o_proj), but cuBLAS does as well there on the 8B's weights (gate_up 78.7 vs 78.5
-# us at 8 rows, down 51.5 vs 43.3), the prologue of the fused kernels grows with the rows it
-# normalises, and at 16-32 rows the inputs it re-reads from L2 make it 1.2-1.7x slower than cuBLAS.
+# body at 8 rows on o_proj), but so does cuBLAS on the 8B's weights (at 8 rows: o_proj 15.4 vs 16.1
+# us, gate_up 78.4 vs 78.5, down 50.3 vs 43.4); the fused kernels' prologues grow with the rows they
+# normalise, and at 16-32 rows it is 1.2-1.7x slower than cuBLAS (each block re-reads every input
+# row, likely from L2). As the default for 2-32 rows it made the 8B's b=8 and b=32 decode slower.
 MMA_TILES: dict[int, tuple[int, int]] = {b: (0, 2) for b in ROW_BUCKETS}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
