@@ -94,8 +94,11 @@ DECODE_PREFERENCE = {
 # Decode steps too small to give every SM a CTA before splitting (rows x kv heads < SMs) are latency-
 # bound: 4-warp CTAs with 64-key tiles three deep cut a call's time by a third, from the H100 sweep of
 # docs/performance.md (Llama-3-8B heads, bf16: B=1 ctx 512 11.4 vs 14.8-17.6 us, ctx 4096 15.1 vs
-# 20.7 us; B=8 ctx 512 13.8 vs 16.4 us).
+# 20.7 us; B=8 ctx 512 13.8 vs 16.4 us). They keep the lead up to two CTAs a SM (B=32, one split:
+# 576 keys 33.1 vs 34.9 us, 4096 keys 178 vs 187, 32768 keys 1368 vs 1431) and lose it at four (B=64:
+# 576 keys 61.7 vs 58.5, 4096 keys level at 348 vs 347), H100, 2026-12-07.
 SMALL_DECODE_PREFERENCE = ("m1x1n4b64s3", "m1x1n4b128s2", "m1x1n4b64s2")
+SMALL_DECODE_CTAS_PER_SM = 2  # the small tile serves steps of fewer CTAs than this many a SM
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from sgjit.kernels.registry import (
     SM90_CC,
     SM90_HEAD_DIMS,
     SM90_SCHEDULE_PREFERENCE,
+    SMALL_DECODE_CTAS_PER_SM,
     SMALL_DECODE_PREFERENCE,
     STREAM_HEAD_DIMS,
     STREAM_MAX_GROUP,
@@ -466,7 +467,7 @@ class KernelSelector:
         small = _small_decode_tile(profile, shapes)
         if small is not None and not workload.batch_invariant:
             tunables["small_decode_tile"] = small
-            why += f"; steps of fewer CTAs than SMs decode on {small.name}"
+            why += f"; steps of fewer than {SMALL_DECODE_CTAS_PER_SM} CTAs a SM decode on {small.name}"
             if stream is not None:
                 why += " (fp8 pools: steps of at most half as many, the rest stream)"
         lean, lean_why = _lean_decode(shapes, workload)

@@ -97,21 +97,19 @@ def _attention_rule(sh, t: dict, stream=None, lean=None):
     return op
 
 
-def test_small_decode_tile_serves_steps_of_fewer_ctas_than_sms():
+def test_small_decode_tile_serves_steps_of_fewer_than_two_ctas_a_sm():
     """The op's rule (no kernels needed: the launch plan is host arithmetic): on the H200's 132 SMs
-    and the 8B's 8 kv heads, steps of up to 16 rows decode on the small tile with its own split
-    count, from 17 rows on the large tile; a graph key names the tile, so the two never share one."""
+    and the 8B's 8 kv heads, steps of up to 32 rows decode on the small tile (split up to 16 rows,
+    whole from 17: a CTA for every SM), from 33 rows on the large tile; a graph key names the tile,
+    so the two never share one."""
 
     from sgjit.kernels.cuda.attention import PagedAttention
 
     t = KernelSelector().select(PROFILES["H200"], shapes())["attention"].tunables
     op = _attention_rule(shapes(), t)
-    assert [PagedAttention._decode_tile(op, rows)[1] for rows in (1, 16, 17, 64)] == [
-        "small",
-        "small",
-        "large",
-        "large",
-    ]
+    rows = (1, 16, 17, 32, 33, 64)
+    assert [PagedAttention._decode_tile(op, r)[1] for r in rows] == ["small"] * 4 + ["large"] * 2
+    assert [PagedAttention.splits_for_batch(op, r) > 1 for r in rows] == [True, True] + [False] * 4
     one, big = PagedAttention.decode_launch(op, 1, 8192), PagedAttention.decode_launch(op, 64, 8192)
     assert t["small_decode_tile"].name in one[0] and t["decode_tile"].name in big[0]
     assert one[1] > 1  # a lone row's keys split over the SMs

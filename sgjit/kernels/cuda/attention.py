@@ -26,7 +26,14 @@ from sgjit.kernels.cuda.decode import StreamDecode
 from sgjit.kernels.cuda.lean_decode import LeanDecode
 from sgjit.kernels.cuda.module import allow_smem, compile_kernels, launch, ptr
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
-from sgjit.kernels.registry import LEAN_MAX_KEYS, LEAN_MAX_PAIRS, AttnTile, Sm90Tile, StreamTile
+from sgjit.kernels.registry import (
+    LEAN_MAX_KEYS,
+    LEAN_MAX_PAIRS,
+    SMALL_DECODE_CTAS_PER_SM,
+    AttnTile,
+    Sm90Tile,
+    StreamTile,
+)
 from sgjit.kernels.selector import decode_splits
 from sgjit.kernels.sources import CPP_TYPES
 from sgjit.kernels.spec import ModelShapes
@@ -82,8 +89,8 @@ class PagedAttention:
     ) -> None:
         """`pdl`: launch the mma.sync kernel and the merge to overlap the kernel before them inside
         captured graphs (pdl.py; the selector's `dependent_launch`). `small_decode_tile`: the mma.sync
-        decode tile of steps whose rows x kv heads give fewer CTAs than the device has SMs before
-        any split (`decode_tile` serves the larger ones). `lean_decode`: steps of at most
+        decode tile of steps whose rows x kv heads give fewer than SMALL_DECODE_CTAS_PER_SM CTAs a SM
+        before any split (`decode_tile` serves the larger ones). `lean_decode`: steps of at most
         registry.LEAN_MAX_PAIRS (row, kv head) pairs whose pairs x context bound is at most
         LEAN_MAX_KEYS run on lean_decode.cu instead (one launch, splits merged in it)."""
         self.profile, self.shapes, self.dtype = profile, shapes, dtype
@@ -150,7 +157,7 @@ class PagedAttention:
     def _decode_tile(self, rows: int) -> tuple[AttnTile, object]:
         """The mma.sync decode tile and kernel of a step of `rows` rows."""
         ctas = self._small_ctas(rows)
-        if ctas is not None and ctas < self.profile.sm_count:
+        if ctas is not None and ctas < SMALL_DECODE_CTAS_PER_SM * self.profile.sm_count:
             return self.small_decode_tile, self.small_decode_kernel
         return self.decode_tile, self.decode_kernel
 
