@@ -34,7 +34,7 @@ TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1),
 # H100 (docs/performance.md, 2026-12-07) it streams 2-8 rows at about its one-row speed (2.7x the FMA
 # body at 8 rows on o_proj), but so does cuBLAS on the 8B's weights (at 8 rows: o_proj 15.4 vs 16.1
 # us, gate_up 78.4 vs 78.5, down 50.3 vs 43.4); the fused kernels' prologues grow with the rows they
-# normalise, and at 16-32 rows it is 1.2-1.7x slower than cuBLAS (each block re-reads every input
+# normalise, and at 16-32 rows it is 1.05-2.1x slower than cuBLAS (each block re-reads every input
 # row, likely from L2). As the default for 2-32 rows it made the 8B's b=8 and b=32 decode slower.
 MMA_TILES: dict[int, tuple[int, int]] = {b: (0, 2) for b in ROW_BUCKETS}
 FP8_KIND = "fp8_e4m3"
