@@ -81,6 +81,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"batch {bs}: decode {row['decode_us_per_step']:.1f} us a step "
             f"({row['decode_tok_s_per_seq']:.1f} tok/s a row), GPU busy {row['gpu_busy_pct']}% of the window"
         )
+        # the window holds the prefill too: whether the decode launches themselves leave the GPU idle
+        # is their kernels' device time against their span
+        for s in row["steps"]:
+            print(
+                f"  {s['count']} {s['kind']} launches: kernels {s['gpu_ms_per_step']:.2f} ms, "
+                f"span {s['span_ms_per_step']:.2f} ms, host {s['host_ms_per_step']:.2f} ms a launch"
+            )
         for k in row["kernels"]:
             print(f"{k['us_per_step']:10.1f} us {k['launches_per_step']:6.1f}/step  {k['name']}")
     if args.out:
