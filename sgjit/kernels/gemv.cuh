@@ -394,8 +394,9 @@ __device__ __forceinline__ void gemv_group(int g, bool first, bool last, X& xin,
 // the input rows as the 8 columns of B (columns past m are zero), so 16-bit weights reach the tensor
 // cores as loaded, with no widening, and up to 8 rows cost what one does (more rows: one n8 tile of B
 // per 8, up to 32). Lane (g, t) = (lane / 4, lane % 4) loads elements [16 t, 16 t + 16) of a block from
-// channels g and g + 8 and from input rows g, g + 8, ...; k16 step j of the block takes elements 16 t + 4 j + {0, 1} where the instruction reads k = 2 t +
-// {0, 1} and 16 t + 4 j + {2, 3} where it reads 2 t + 8 + {0, 1}, for A and B alike, so the four
+// channels g and g + 8 and from input rows g, g + 8, ...; k16 step j of the block takes elements
+// 16 t + 4 j + {0, 1} where the instruction reads k = 2 t + {0, 1} and 16 t + 4 j + {2, 3} where it
+// reads 2 t + 8 + {0, 1}, for A and B alike, so the four
 // steps cover the block's 64 elements once each. The order of a dot product is then the tensor
 // core's and the warp order, the same for every input row: a row's result does not depend on M. The
 // warps' partial sums meet in shared memory and are added in warp order.

@@ -162,8 +162,8 @@ __device__ __forceinline__ void gemv_groups(X& xin, const T* w, const T* bias, i
                                             float* red, float* tile) {
   const int groups = epi.groups(WARPS * NPW);
   for (int g = blockIdx.x; g < groups; g += gridDim.x)
-    gemv_group<T, T, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, false, xin, w, (const float*)nullptr, bias, m, k,
-                                               epi, red, reinterpret_cast<float (*)[WARPS * NPW]>(tile));
+    gemv_group<T, T, ROWS, NPW, UNROLL, WARPS>(g, g == (int)blockIdx.x, false, xin, w, (const float*)nullptr, bias,
+                                               m, k, epi, red, reinterpret_cast<float (*)[WARPS * NPW]>(tile));
 }
 
 // A one-row step's phase with more channel groups than CTAs (gate|up, the LM head: WIDE) gives each

@@ -111,12 +111,7 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
                 for tiles in (TILES, MMA_TILES)
                 if kernel == ROPE or kv == dt
             }
-            | {
-                gemv_name(dt, dt, b, *MMA_TILES[b])
-                for dt in dtypes
-                for b in ROW_BUCKETS
-                if MMA_TILES[b][0] == 0
-            }
+            | {gemv_name(dt, dt, b, *MMA_TILES[b]) for dt in dtypes for b in ROW_BUCKETS}
         ),
         "fp8_quant": [quantize_rows_name(dt) for dt in dtypes],
         # every rows bucket at SmolLM2's heads (the model it is for), the other recorded heads at 1 row

@@ -23,9 +23,10 @@ THREADS = 32 * WARPS
 ROW_BUCKETS = (1, 2, 4, 8, 16)
 # rows bucket -> (output channels a warp owns, loads in flight per channel and lane); more channels
 # a warp reuse each x vector, more loads in flight cut the memory round trips a warp waits through
-# in sequence (K / (32 x UNROLL) of them). These are the tiles the first H100 run measured (1-row
-# GEMVs at copy bandwidth, (2, 2) at 2 rows 1.7x slower on a 4096-wide weight); (2, 4) for 2-4 rows
-# is the candidate `--only gemv_tiles` of bench.kernels is to decide. Neither changes a lane's
+# in sequence (K / (32 x UNROLL) of them). `--only gemv_tiles` of bench.kernels swept them (H100,
+# 2026-12-07): (1, 4) within 2% of the best at one row on every 8B weight in bf16; for FP8 weights at
+# 2-4 rows (2, 2) is the best on o_proj and down, (4, 1) on gate_up (bf16 products of 2+ rows go to
+# cuBLAS on the 8B; FP8 at one row: branch `fp8-one-row-tile`). Neither changes a lane's
 # summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
 # on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 32 rows; gemv.cuh): 16 channels
 # a block, its warps splitting K, UNROLL 64-element blocks in flight a warp.
