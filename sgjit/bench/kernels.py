@@ -520,7 +520,7 @@ def bench_gemv_tiles(profile: DeviceProfile, ceil: Ceilings, rows: list, detail:
     weights (graph replays, weights rotated past L2): bf16 weights at 1-8 rows on both bodies and at
     16 on the tensor-core body (NPW 0; the FMA body's tiles spill or crawl there), FP8 weights
     on the FMA body at the 1, 2 and 4 rows the GEMV takes them; cuBLAS on the same bf16 weights
-    beside them (`cublas_us`). What `TILES` and the GEMV's rows should be."""
+    beside them (`cublas_us`). What `TILES`, `FP8_TILES` and the GEMV's rows should be."""
     from sgjit.kernels.cuda.gemv import FP8_KIND, TILES, GemvLinear, tile_of
     from sgjit.kernels.fp8 import Fp8Weight
 

@@ -26,7 +26,7 @@ from sgjit.kernels.cuda.decode import stream_decode_name, stream_merge_name
 from sgjit.kernels.cuda.fp8_quant import quantize_rows_name
 from sgjit.kernels.cuda.fused_gemv import KERNELS as FUSED_KERNELS
 from sgjit.kernels.cuda.fused_gemv import ROPE, fused_name
-from sgjit.kernels.cuda.gemv import MMA_TILES, ROW_BUCKETS, TILES, gemv_name
+from sgjit.kernels.cuda.gemv import MMA_TILES, ROW_BUCKETS, TILES, gemv_name, tile_of
 from sgjit.kernels.cuda.lean_decode import lean_decode_name
 from sgjit.kernels.cuda.megakernel import megakernel_name
 from sgjit.kernels.cuda.norm import norm_name
@@ -101,14 +101,20 @@ def instantiations(full: bool = False) -> dict[str, list[str]]:
         "attention_sm90": sorted(sm90),
         "sampling": list(SAMPLING_NAMES),
         "gemv": sorted(
-            {gemv_name(dt, w, b, *TILES[b]) for dt in dtypes for w in (dt, "fp8_e4m3") for b in ROW_BUCKETS}
+            {
+                gemv_name(dt, w, b, *tile_of(b, w, tiles))
+                for dt in dtypes
+                for w in (dt, "fp8_e4m3")
+                for b in ROW_BUCKETS
+                for tiles in (None, TILES)
+            }
             | {
                 fused_name(kernel, dt, w, b, kv, tiles)
                 for kernel in FUSED_KERNELS
                 for dt, kv in kv_pairs
                 for w in (dt, "fp8_e4m3")
                 for b in fused_buckets
-                for tiles in (TILES, MMA_TILES)
+                for tiles in (None, TILES, MMA_TILES)
                 if kernel == ROPE or kv == dt
             }
             | {gemv_name(dt, dt, b, *MMA_TILES[b]) for dt in dtypes for b in ROW_BUCKETS}

@@ -49,8 +49,9 @@ def _no_fallback(*_a, **_k):
 
 @pytest.fixture(scope="module", params=["fma", "mma"])
 def fused(request):
-    """FusedGemv for 16 rows, by (dtype, KV pool dtype), with no fallback: on the default tiles, and on
-    the tensor-core body for 16-bit weights (gemv.MMA_TILES)."""
+    """FusedGemv for 16 rows, by (dtype, KV pool dtype), with no fallback: `fma` on gemv.TILES for
+    both weight kinds, `mma` on the tensor-core body for 16-bit weights (gemv.MMA_TILES) and FP8
+    weights on their own default (gemv.FP8_TILES)."""
     from sgjit.kernels.cuda.fused_gemv import FusedGemv
     from sgjit.kernels.cuda.gemv import MMA_TILES, TILES
 

@@ -19,8 +19,9 @@ SHAPES = ((6144, 4096), (4097, 272), (1000, 80), (129, 16))  # (N, K): ragged wa
 
 @pytest.fixture(scope="module", params=["fma", "mma"])
 def gemv(request):
-    """GemvLinear for up to 16 rows: on the default tiles, and on the tensor-core body for 16-bit
-    weights (gemv.MMA_TILES; FP8 weights keep the default tiles)."""
+    """GemvLinear for up to 16 rows: `fma` on gemv.TILES for both weight kinds, `mma` on the
+    tensor-core body for 16-bit weights (gemv.MMA_TILES) and FP8 weights on their own default
+    (gemv.FP8_TILES)."""
     from sgjit.kernels.cuda.gemv import MMA_TILES, TILES, GemvLinear
 
     tiles = MMA_TILES if request.param == "mma" else TILES

@@ -18,7 +18,7 @@ from sgjit.kernels.cuda.gemv import (
     FP8_KIND,
     ROW_BUCKETS,
     THREADS,
-    TILES,
+    Tiles,
     bucket,
     channels_per_block,
     flat_rows,
@@ -39,7 +39,7 @@ _STATIC_SMEM = 8192  # the body's reduction scratch, output tile and tensor-core
 
 
 def fused_name(
-    kernel: str, dtype: str, weight: str, rows: int, kv_dtype: str, tiles: dict[int, tuple[int, int]] = TILES
+    kernel: str, dtype: str, weight: str, rows: int, kv_dtype: str, tiles: Tiles | None = None
 ) -> str:
     return gemv_name(
         dtype,
@@ -62,12 +62,13 @@ class FusedGemv:
         smem_per_block: int,
         composed: Composition,
         pdl: bool = False,
-        tiles: dict[int, tuple[int, int]] = TILES,
+        tiles: Tiles | None = None,
     ) -> None:
         """`smem_per_block`: the device's opt-in shared memory per block (bounds rows x K of the
         normalised input); `composed`: the unfused ops for what the kernels do not take; `pdl`:
         launch to overlap the kernel before inside captured graphs (pdl.py); `tiles`: the GEMV tile
-        per rows bucket (gemv.py; another map to compare or test tiles)."""
+        per rows bucket (gemv.py; None: each weight kind's default; another map to compare or test
+        tiles)."""
         self.pdl, self.tiles = pdl, tiles
         if rows not in ROW_BUCKETS:
             raise ValueError(f"fused GEMV rows must be one of {ROW_BUCKETS}")

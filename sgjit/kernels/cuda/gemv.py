@@ -30,14 +30,20 @@ ROW_BUCKETS = (1, 2, 4, 8, 16)
 # summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
 # on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 32 rows; gemv.cuh): 16 channels
 # a block, its warps splitting K, UNROLL 64-element blocks in flight a warp.
-TILES: dict[int, tuple[int, int]] = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
+Tiles = dict[int, tuple[int, int]]
+TILES: Tiles = {1: (1, 4), 2: (2, 2), 4: (2, 2), 8: (4, 1), 16: (4, 1)}
+# FP8 weights at one row: two channels a warp halve the conversions of x a weight byte costs, which
+# bound the FP8 loop (docs/performance.md: ~1.8 warp instructions a cycle an SM at copy bandwidth);
+# `--only gemv_tiles` on the H100, 2026-12-07: o_proj 8.1-8.2 vs 8.7-8.9 us, down 21.8-21.9 vs
+# 22.2-22.5, gate_up 41.4 vs 41.0-41.4.
+FP8_TILES: Tiles = {**TILES, 1: (2, 2)}
 # The tensor-core body at every rows bucket, for the tile sweep and the tests. Not the default: on the
 # H100 (docs/performance.md, 2026-12-07) it streams 2-8 rows at about its one-row speed (2.7x the FMA
 # body at 8 rows on o_proj), but so does cuBLAS on the 8B's weights (at 8 rows: o_proj 15.4 vs 16.1
 # us, gate_up 78.4 vs 78.5, down 50.3 vs 43.4); the fused kernels' prologues grow with the rows they
 # normalise, and at 16-32 rows it is 1.05-2.1x slower than cuBLAS (each block re-reads every input
 # row, likely from L2). As the default for 2-32 rows it made the 8B's b=8 and b=32 decode slower.
-MMA_TILES: dict[int, tuple[int, int]] = {b: (0, 2) for b in ROW_BUCKETS}
+MMA_TILES: Tiles = {b: (0, 2) for b in ROW_BUCKETS}
 FP8_KIND = "fp8_e4m3"
 _BYTES_PER_LOAD = 16
 
@@ -56,15 +62,17 @@ def bucket(m: int) -> int:
 MMA_CHANNELS = 16  # a block's channels in the tensor-core body (gemv.cuh's MMA_CPB)
 
 
-def tile_of(rows: int, weight: str, tiles: dict[int, tuple[int, int]] = TILES) -> tuple[int, int]:
-    """The (NPW, UNROLL) tile for `rows` rows of a `weight` kind: `tiles`' entry for the rows bucket,
-    except that the tensor-core body (NPW 0) takes 16-bit weights only: FP8 weights keep TILES'."""
+def tile_of(rows: int, weight: str, tiles: Tiles | None = None) -> tuple[int, int]:
+    """The (NPW, UNROLL) tile for `rows` rows of a `weight` kind: `tiles`' entry for the rows bucket
+    (None: the weight kind's default, TILES or FP8_TILES), except that the tensor-core body (NPW 0)
+    takes 16-bit weights only: FP8 weights get FP8_TILES' there."""
     b = bucket(rows)
-    tile = tiles[b]
-    return TILES[b] if tile[0] == 0 and weight == FP8_KIND else tile
+    fp8 = weight == FP8_KIND
+    tile = (tiles or (FP8_TILES if fp8 else TILES))[b]
+    return FP8_TILES[b] if tile[0] == 0 and fp8 else tile
 
 
-def channels_per_block(rows: int, weight: str, tiles: dict[int, tuple[int, int]] = TILES) -> int:
+def channels_per_block(rows: int, weight: str, tiles: Tiles | None = None) -> int:
     """A block's output channels: WARPS x NPW, or the tensor-core body's 16 (NPW 0)."""
     npw = tile_of(rows, weight, tiles)[0]
     return WARPS * npw if npw else MMA_CHANNELS
@@ -107,9 +115,10 @@ def flat_rows(x: torch.Tensor) -> torch.Tensor:
 class GemvLinear:
     def __init__(
         self, dtype: torch.dtype, dtype_name: str, dense_rows: int, fp8_rows: int,
-        tiles: dict[int, tuple[int, int]] = TILES, pdl: bool = False,
+        tiles: Tiles | None = None, pdl: bool = False,
     ) -> None:  # fmt: skip
-        """`tiles`: the tile per rows bucket (another map only to compare tiles in a benchmark);
+        """`tiles`: the tile per rows bucket (None: each weight kind's default; another map only to
+        compare or test tiles);
         `pdl`: launch to overlap the kernel before inside captured graphs (pdl.py)."""
         self.pdl = pdl
         if not {dense_rows, fp8_rows} <= {0, *ROW_BUCKETS}:
