@@ -503,7 +503,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
     XRmsNorm<T> attn_in{h, hidden, L.attn_norm, eps, hidden, xs};
     EpiRopeStoreKV<T, T> rope_kv{q, L.k_cache, L.v_cache, cs, slots, hq, hkv, D, rot, 1.f, 1.f};
-    gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(after<EARLY>(bar, attn_in), L.qkv, L.qkv_bias, m, hidden, rope_kv, red, tile);
+    gemv_phase<T, ROWS, NPW, UNROLL, WARPS>(after<EARLY>(bar, attn_in), L.qkv, L.qkv_bias, m, hidden, rope_kv, red,
+                                            tile);
     bar.arrive();
     if (next) prefetch_weights(layers[l + 1]);
     bar.wait();
