@@ -2,7 +2,11 @@
 machine's nvcc for sm_80 and sm_90 (the Hopper-only family for sm_90a alone), so a template that no
 longer compiles fails CI without a GPU.
 Exit status 1 names each instantiation that failed; `--resources` prints ptxas's registers, spills
-and shared memory per kernel (the first thing to read when a kernel is slow)."""
+and shared memory per kernel (the first thing to read when a kernel is slow). `--quick` (what CI's
+build test runs) builds without optimization: the front end still instantiates every template and
+ptxas still assembles every instruction for every target, in about a third of the time of the
+optimized build (which the register tests in tests/kernels/test_kernels_build.py keep for the
+kernels whose register budget is a contract)."""
 
 from __future__ import annotations
 
@@ -47,6 +51,9 @@ from sgjit.kernels.spec import ModelShapes
 ARCHS = ("sm_80", "sm_90")
 # Families whose code exists for one arch-specific target only (warpgroup MMAs: sm_90a).
 FAMILY_ARCHS = {"attention_sm90": ("sm_90a",)}
+# Families ptxas cannot build unoptimized (attention_sm90's setmaxnreg warpgroups crash ptxas at -O0):
+# --quick builds them optimized.
+NEEDS_OPTIMIZER = frozenset({"attention_sm90"})
 # (head_dim, query heads per KV head) and hidden widths instantiated by default: those of the model
 # presets (tests/kernels/test_nvcc_check.py keeps this in step with sgjit.runtime.model.presets).
 HEAD_DIM_GROUPS = ((64, 3), (128, 4), (128, 7))
@@ -187,14 +194,22 @@ def find_nvcc() -> str | None:
 
 
 def compile_unit(
-    nvcc: str, family: str, names: list[str], arch: str, resources: bool, defines: tuple[str, ...] = ()
+    nvcc: str,
+    family: str,
+    names: list[str],
+    arch: str,
+    resources: bool,
+    defines: tuple[str, ...] = (),
+    optimize: bool = True,
 ) -> Result:
     """One nvcc run over a family's source with each name expression instantiated (taking a
     kernel's address makes nvcc emit it, as NVRTC's name expressions do); `defines` are NAME=VALUE
     macros, as compile_kernels takes them."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = build_cubin(nvcc, family, names, arch, Path(tmp) / f"{family}.cubin", resources, defines)
+        proc = build_cubin(
+            nvcc, family, names, arch, Path(tmp) / f"{family}.cubin", resources, defines, optimize
+        )
     return Result(
         family, arch, names, proc.returncode == 0, proc.stdout + proc.stderr, time.perf_counter() - t0
     )
@@ -202,7 +217,7 @@ def compile_unit(
 
 def build_cubin(
     nvcc: str, family: str, names: list[str], arch: str, cubin: Path, resources: bool = False,
-    defines: tuple[str, ...] = (),
+    defines: tuple[str, ...] = (), optimize: bool = True,
 ) -> subprocess.CompletedProcess:  # fmt: skip
     """nvcc over the family's source (written beside `cubin`) with each name instantiated, into `cubin`."""
     refs = "\n".join(f"static void* const sgjit_inst_{i} = (void*)&{n};" for i, n in enumerate(names))
@@ -211,6 +226,8 @@ def build_cubin(
     cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-cubin", "-diag-suppress", "177", "-o", str(cubin), str(src)]  # fmt: skip
     if resources:
         cmd.insert(1, "-Xptxas=-v")
+    if not optimize:  # every template and PTX instruction still checked; register figures meaningless
+        cmd[1:1] = ["-Xcicc", "-O0", "-Xptxas", "-O0"]
     cmd[1:1] = [f"-D{d}" for d in defines]
     return subprocess.run(cmd, capture_output=True, text=True)
 
@@ -240,6 +257,7 @@ def check(
     resources: bool,
     extra: list[str],
     families: list[str] | None,
+    optimize: bool = True,
 ) -> int:
     nvcc = find_nvcc()
     if nvcc is None:
@@ -250,11 +268,17 @@ def check(
         family, _, name = item.partition(":")
         units.setdefault(family, []).append(name)
     todo = [(f, names, a) for f, names in units.items() for a in FAMILY_ARCHS.get(f, archs)]
+    todo.sort(key=lambda t: -len(family_source(t[0])))  # the longest builds first, not last on one worker
+
+    def build(family: str, names: list[str], arch: str, resources: bool) -> Result:
+        opt = optimize or family in NEEDS_OPTIMIZER
+        return compile_unit(nvcc, family, names, arch, resources, optimize=opt)
+
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        results = list(pool.map(lambda t: compile_unit(nvcc, *t, resources), todo))
+        results = list(pool.map(lambda t: build(*t, resources), todo))
         # A family that failed is recompiled one instantiation at a time to name the culprits.
         retry = [(r.family, [n], r.arch) for r in results if not r.ok and len(r.names) > 1 for n in r.names]
-        singles = list(pool.map(lambda t: compile_unit(nvcc, *t, False), retry))
+        singles = list(pool.map(lambda t: build(*t, False), retry))
     failed = [r for r in results if not r.ok and len(r.names) == 1] + [r for r in singles if not r.ok]
     for r in results:
         status = "ok" if r.ok else "FAILED"
@@ -281,11 +305,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--families", nargs="+", help="only these families (default all)")
     ap.add_argument("--extra", action="append", default=[], help="family:name_expression to add")
+    ap.add_argument(
+        "--quick", action="store_true",
+        help="build without optimization (-Xcicc -O0 -Xptxas -O0): every template is instantiated and every "
+        "PTX instruction assembled, in about a fifth of the time; --resources then means nothing",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if not args.check:
         ap.print_help()
         return 2
-    return check(tuple(args.arch), args.full, args.jobs, args.resources, args.extra, args.families)
+    if args.quick and args.resources:
+        ap.error("--resources needs the optimized build (drop --quick)")
+    return check(
+        tuple(args.arch), args.full, args.jobs, args.resources, args.extra, args.families, not args.quick
+    )
 
 
 if __name__ == "__main__":
