@@ -54,8 +54,9 @@ FAMILY_ARCHS = {"attention_sm90": ("sm_90a",)}
 # Families ptxas cannot build unoptimized (attention_sm90's setmaxnreg warpgroups crash ptxas at -O0):
 # --quick builds them optimized.
 NEEDS_OPTIMIZER = frozenset({"attention_sm90"})
-# (head_dim, query heads per KV head) and hidden widths instantiated by default: those of the model
-# presets (tests/kernels/test_nvcc_check.py keeps this in step with sgjit.runtime.model.presets).
+# (head_dim, query heads per KV head) and hidden widths instantiated by default: those of the dense
+# model presets (tests/kernels/test_kernels_build.py keeps this in step with
+# sgjit.runtime.model.presets; the MoE presets' groups, 1 and 8, are in --full's groups 1..8).
 HEAD_DIM_GROUPS = ((64, 3), (128, 4), (128, 7))
 HIDDEN_WIDTHS = (64, 128, 576, 3584, 4096)
 

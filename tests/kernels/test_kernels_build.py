@@ -35,6 +35,19 @@ def test_every_family_has_instantiations():
     assert len(instantiations(full=True)["lean_decode"]) > len(inst["lean_decode"])
 
 
+def test_default_instantiations_cover_the_dense_model_presets():
+    """The build check's default set reaches every dense preset's attention heads and hidden width,
+    so a template change that breaks a benchmarked model's instantiation fails CI."""
+    from sgjit.kernels.nvcc_check import HEAD_DIM_GROUPS, HIDDEN_WIDTHS
+    from sgjit.runtime.model.presets import MODEL_SHAPES
+
+    dense = [c for c in MODEL_SHAPES.values() if c.moe is None]
+    assert len(dense) >= 5
+    for c in dense:
+        assert (c.head_dim, c.num_heads // c.num_kv_heads) in HEAD_DIM_GROUPS, c.name
+        assert c.hidden_size in HIDDEN_WIDTHS, c.name
+
+
 @needs_nvcc
 def test_build_check_compiles_everything_for_sm80_and_sm90():
     """One line per family and target: sm_80 and sm_90 for every family but the Hopper-only one,
