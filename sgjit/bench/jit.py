@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import sgjit
 from sgjit.bench.report import add_model_args, add_output_args, environment, finish, model_arg
 from sgjit.bench.timing import host_us_per_step
+from sgjit.kernels.cpp import build as cpu_kernels
 from sgjit.lang.runtime_backend import RuntimeBackend
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from examples.code_complete import code_complete
 
     cache_dir = tempfile.mkdtemp(prefix="sgjit-bench-jit-")
+    cpu_kernels.seed_cache(Path(cache_dir))  # a fresh plan cache, not a rebuild of the C++ CPU kernels
     os.environ["SGJIT_CACHE_DIR"] = cache_dir
     pool = dict(max_total_tokens=args.max_total_tokens)  # two runtimes share the device
     on = sgjit.Runtime(model_arg(args), device=args.device, enable_jit=True, **pool)

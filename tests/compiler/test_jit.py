@@ -16,6 +16,7 @@ import pytest
 import sgjit
 from sgjit.compiler.prefix import stable_prefix
 from sgjit.errors import CapacityError
+from sgjit.kernels.cpp import build
 from sgjit.lang.runtime_backend import RuntimeBackend
 
 from conftest import assert_no_leaked_pages
@@ -224,6 +225,7 @@ def test_a_fresh_process_reuses_the_disk_cache(tmp_path):
         rt.shutdown()
     """)
     env = {**os.environ, "SGJIT_CACHE_DIR": str(tmp_path / "cache")}
+    build.seed_cache(tmp_path / "cache")  # the C++ CPU kernels: not what this test is about
     runs = [
         json.loads(
             subprocess.run(

@@ -254,3 +254,16 @@ def test_kernels_off_serves_dequantized_weights_on_torch_ops(monkeypatch):
         rt.shutdown()
     with pytest.raises(InvalidRequestError, match="quantization 'gguf'"):
         sgjit.Runtime(device="cpu", quantization="gguf")
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C++ build on this machine")
+def test_seed_cache_gives_another_cache_dir_this_build(tmp_path):
+    """A benchmark's or a test's fresh cache dir gets the build (not a rebuild in its first process),
+    without the build's lock files, and seeding twice leaves it as it is."""
+    build.seed_cache(tmp_path)
+    built = Path(NATIVE.__file__)
+    copy = tmp_path / "cpu_kernels" / built.parent.name
+    assert (copy / built.name).read_bytes() == built.read_bytes()
+    assert not (copy / "lock").exists() and not (copy / "build.flock").exists()
+    build.seed_cache(tmp_path)
+    assert (copy / built.name).exists()

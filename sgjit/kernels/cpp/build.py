@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import shutil
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -118,3 +119,14 @@ def _build(tier: str) -> ModuleType | None:
         return None
     log.info("C++ CPU kernels: %s build from %s", module.isa(), directory)
     return module
+
+
+def seed_cache(cache_dir: Path) -> None:
+    """Copy this process's build (built or loaded now if need be) into another cache dir, so a process
+    started on that dir (a benchmark's or a test's fresh cache for the plan JIT) loads it rather than
+    rebuilding it (~20 s on a 2-core machine). No build, nothing copied."""
+    module = native()
+    target = Path(cache_dir) / "cpu_kernels"
+    if module is not None and not (target / Path(module.__file__).parent.name).exists():
+        built = Path(module.__file__).parent
+        shutil.copytree(built, target / built.name, ignore=shutil.ignore_patterns("build.flock", "lock"))
