@@ -26,7 +26,7 @@ ROW_BUCKETS = (1, 2, 4, 8, 16)
 # in sequence (K / (32 x UNROLL) of them). `--only gemv_tiles` of bench.kernels swept them (H100,
 # 2026-12-07): (1, 4) within 2% of the best at one row on every 8B weight in bf16; for FP8 weights at
 # 2-4 rows (2, 2) is the best on o_proj and down, (4, 1) on gate_up (bf16 products of 2+ rows go to
-# cuBLAS on the 8B; FP8 at one row: branch `fp8-one-row-tile`). Neither changes a lane's
+# cuBLAS on the 8B; FP8 at one row: FP8_TILES below). Neither changes a lane's
 # summation order, so a row's bits do not depend on M. At 8 and 16 rows more loads in flight spill
 # on sm_80. NPW 0 selects the tensor-core body (16-bit weights, up to 32 rows; gemv.cuh): 16 channels
 # a block, its warps splitting K, UNROLL 64-element blocks in flight a warp.
