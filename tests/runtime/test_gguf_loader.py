@@ -42,3 +42,25 @@ def test_tiny_gguf_matches_source_model(tmp_path, qtype, tol):
         assert rt.tokenizer.encode("<|im_start|>x")[0] == CONTROL_ID["<|im_start|>"]
     finally:
         rt.shutdown()
+
+
+def test_reader_over_a_plain_view_reads_what_gguf_reads(tmp_path):
+    """The loader's reader (gguf's, over a plain ndarray view of the memory map, not np.memmap
+    slices) gives the same metadata and tensor bytes as gguf.GGUFReader, and does run on the plain
+    view (were gguf to stop assigning `data`, loads would silently slow down again)."""
+    import gguf
+    import numpy as np
+
+    from sgjit.runtime.loader.gguf_loader import _open
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_hf_llama(259), qtype="Q8_0")
+    ours, theirs = _open(path), gguf.GGUFReader(path)
+    assert type(ours.data) is np.ndarray and type(ours.tensors[0].data) is np.ndarray
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        a, b = ours.fields[key].contents(), field.contents()
+        assert np.array_equal(a, b) if isinstance(b, np.ndarray) else a == b, key
+    assert [(t.name, t.tensor_type, list(t.shape)) for t in ours.tensors] == [
+        (t.name, t.tensor_type, list(t.shape)) for t in theirs.tensors
+    ]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
