@@ -8,7 +8,11 @@ globaltimer at each grid barrier, and prints per phase kind (median over layers 
 - work: from the previous barrier's release (as CTA 0 saw it) to the last CTA's arrival;
 - spread: from the first CTA's arrival to the last's (CTAs with little or no work arrive first);
 - release: from the last arrival to CTA 0 seeing the barrier open (the barrier's own latency, plus
-  whatever CTA 0 issues between arriving and waiting).
+  whatever CTA 0 issues between arriving and waiting);
+- cta_wait, cta_input, cta_rest: one CTA's own phase (MEGA_TRACE_CTA, 1: it has work in every phase),
+  from its previous arrival to its seeing the release, from there to its input ready (a GEMV phase's
+  prologue: the rmsnorm, the attention merge), and from there to its arrival (streaming, reduction,
+  epilogue).
 
 The stamps cost a few atomics a barrier: read the phases from the trace, the step's time from the
 untraced launch. Needs a GPU with CuPy."""
@@ -25,6 +29,7 @@ import numpy as np
 
 PHASES = ("qkv", "attention", "o_proj", "gate_up", "down")
 SLOTS = 1024  # megakernel.cu's MEGA_TRACE_SLOTS
+COLUMNS = ("work", "spread", "release", "cta_wait", "cta_input", "cta_rest")
 
 
 def _decode_step(shape: str, rows: int, context: int):
@@ -100,39 +105,44 @@ def _traces(shapes, profile, rows: int, args, launches: int) -> list[np.ndarray]
     defines = ("SGJIT_MEGA_TRACE=1",)
     traced = DecodeMegakernel(profile, shapes, rows, defines)
     name = megakernel_name(shapes.dtype, bucket(rows), shapes.head_dim, shapes.group)
-    stamps = compiled_module("megakernel", name, defines).get_global("mega_trace")
-    trace = cupy.ndarray((SLOTS, 3), dtype=cupy.uint64, memptr=stamps)
+    module = compiled_module("megakernel", name, defines)
+    trace = cupy.ndarray((SLOTS, 3), dtype=cupy.uint64, memptr=module.get_global("mega_trace"))
+    cta = cupy.ndarray((SLOTS, 3), dtype=cupy.uint64, memptr=module.get_global("mega_cta_trace"))
     out = []
     for i in range(launches + 2):
         trace[:, 0] = np.iinfo(np.uint64).max
         trace[:, 1:] = 0
+        cta[:] = 0
         torch.cuda.synchronize()
         traced(*args)
         torch.cuda.synchronize()
         if i >= 2:
-            out.append(cupy.asnumpy(trace).astype(np.int64))
+            out.append(np.concatenate([cupy.asnumpy(trace), cupy.asnumpy(cta)], axis=1).astype(np.int64))
     return out
 
 
 def summarize(traces: list[np.ndarray], layers: int) -> dict[str, Any]:
     """Median µs per phase kind of the stamps (see the module doc)."""
     names = ["embed"] + [p for _ in range(layers) for p in PHASES]
-    got: dict[str, list[tuple[float, float, float]]] = {}
+    got: dict[str, list[tuple[float, ...]]] = {}
     totals = []
     for t in traces:
         start, end = t[SLOTS - 1, 0], t[SLOTS - 1, 1]
         prev = start
         for i, name in enumerate(names):
-            first, last, release = t[i]
-            got.setdefault(name, []).append((last - prev, last - first, release - last))
+            first, last, release = t[i, :3]
+            row = [last - prev, last - first, release - last, 0.0, 0.0, 0.0]
+            # the traced CTA's phase: barrier i - 1's arrival, release seen, input ready; i's arrival
+            if i > 0:
+                arrived, seen, ready = t[i - 1, 3:]
+                ready = ready or seen  # a phase with no prologue
+                row[3:] = [seen - arrived, ready - seen, t[i, 3] - ready]
+            got.setdefault(name, []).append(tuple(row))
             prev = release
-        got.setdefault("lm_head", []).append((end - prev, 0, 0))
+        got.setdefault("lm_head", []).append((end - prev, 0, 0, 0, 0, 0))
         totals.append(end - start)
     phases = {
-        name: {
-            k: statistics.median(v[j] for v in vals) / 1e3
-            for j, k in enumerate(("work", "spread", "release"))
-        }
+        name: {k: statistics.median(v[j] for v in vals) / 1e3 for j, k in enumerate(COLUMNS)}
         for name, vals in got.items()
     }
     per_layer = sum(phases[p]["work"] + phases[p]["release"] for p in PHASES)
@@ -153,9 +163,9 @@ def main() -> None:
     res |= summarize(_traces(shapes, profile, args.rows, step, args.launches), layers)
     print(f"step {res['step_us']:.1f} us ({1e6 / res['step_us']:.0f} steps/s); traced {res['traced_step_us']:.1f} us, "
           f"{res['layer_us']:.2f} us a layer")  # fmt: skip
-    print(f"{'phase':10s} {'work':>8s} {'spread':>8s} {'release':>8s}  (us, median)")
+    print(f"{'phase':10s}" + "".join(f" {k:>9s}" for k in COLUMNS) + "  (us, median)")
     for name, ph in res["phases_us"].items():
-        print(f"{name:10s} {ph['work']:8.2f} {ph['spread']:8.2f} {ph['release']:8.2f}")
+        print(f"{name:10s}" + "".join(f" {ph[k]:9.2f}" for k in COLUMNS))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

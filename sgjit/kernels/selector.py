@@ -300,9 +300,11 @@ def _megakernel_rows(
         or shapes.hidden % 8
         or shapes.intermediate % 8
         or shapes.rope_dim % 2
+        or shapes.rope_dim > shapes.head_dim  # each CTA keeps the rows' cos|sin in rows x head_dim floats
     ):
         raise _Unfit(
-            f"group {shapes.group}, hidden {shapes.hidden}, intermediate {shapes.intermediate}: unsupported"
+            f"group {shapes.group}, hidden {shapes.hidden}, intermediate {shapes.intermediate}, "
+            f"rotary dims {shapes.rope_dim} of head_dim {shapes.head_dim}: unsupported"
         )
     want = min(MEGAKERNEL_ROWS, max(1, workload.max_batch))
     budget = min(FUSED_NORM_SMEM, profile.smem_per_block_optin // 2)

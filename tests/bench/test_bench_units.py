@@ -68,22 +68,33 @@ def test_serving_roofline_counts_shared_kv_once_a_step():
 def test_megakernel_trace_reads_phases_off_the_barrier_stamps():
     """bench.megakernel_trace: a phase's work runs from the previous barrier's release to the last
     arrival, its spread from the first arrival to the last, its release from the last arrival to the
-    barrier opening; the LM head from the last release to the kernel's end."""
+    barrier opening; the LM head from the last release to the kernel's end. The traced CTA's own
+    phase splits into its wait (its previous arrival to its seeing the release), its input (to its
+    prologue's end; nothing where the phase has no prologue) and the rest (to its next arrival)."""
     import numpy as np
 
     from sgjit.bench.megakernel_trace import PHASES, SLOTS, summarize
 
     layers = 2
-    t = np.zeros((SLOTS, 3), dtype=np.int64)
+    t = np.zeros((SLOTS, 6), dtype=np.int64)
     clock = 1_000
     t[SLOTS - 1, 0] = clock
     for i in range(1 + 5 * layers):  # phase i: 2 us of work, arrivals 0.5 us apart, 0.3 us to open
-        t[i] = (clock + 1_500, clock + 2_000, clock + 2_300)
+        t[i, :3] = (clock + 1_500, clock + 2_000, clock + 2_300)
+        # the traced CTA: arrives 0.2 us before the last, sees the release 0.4 us after it opened,
+        # its input ready 0.6 us later (none after a q|k|v barrier: the attention phase has no prologue)
+        before_attention = i % 5 == 1
+        t[i, 3:] = (clock + 1_800, clock + 2_700, 0 if before_attention else clock + 3_300)
         clock += 2_300
     t[SLOTS - 1, 1] = clock + 7_000
     got = summarize([t, t], layers)
     assert set(got["phases_us"]) == {"embed", *PHASES, "lm_head"}
-    assert got["phases_us"]["down"] == {"work": 2.0, "spread": 0.5, "release": 0.3}
+    assert got["phases_us"]["down"] == {
+        "work": 2.0, "spread": 0.5, "release": 0.3, "cta_wait": 0.9, "cta_input": 0.6, "cta_rest": 0.8
+    }  # fmt: skip
+    # the attention phase has no prologue: no input time, the rest runs from the release seen
+    assert got["phases_us"]["attention"]["cta_input"] == 0.0
+    assert got["phases_us"]["attention"]["cta_rest"] == 1.4
     assert got["phases_us"]["lm_head"]["work"] == 7.0
     assert got["layer_us"] == 5 * 2.3
     assert got["traced_step_us"] == (11 * 2_300 + 7_000) / 1e3

@@ -457,7 +457,8 @@ def test_moe_experts_grouped_only_where_it_never_syncs(monkeypatch):
 def test_decode_megakernel_for_small_dense_models_only(monkeypatch, unverified_kernels):
     """The one-launch decode step: SmolLM2 (7 MB layers) up to MEGAKERNEL_ROWS rows, fewer where the
     runtime's batch is smaller; never for 8B-sized layers, Qwen3's q/k norms, MoE layers, an fp8 pool,
-    the deterministic mode, a CPU, or without SGJIT_UNVERIFIED_KERNELS=1."""
+    the deterministic mode, more rotary dims than a head has (each CTA keeps rows x head_dim of them),
+    a CPU, or without SGJIT_UNVERIFIED_KERNELS=1."""
     from sgjit.kernels.selector import MEGAKERNEL_ROWS, SMALL_LAYER_BYTES, _layer_bytes
 
     op = "decode_megakernel"
@@ -474,6 +475,7 @@ def test_decode_megakernel_for_small_dense_models_only(monkeypatch, unverified_k
         "fp8 pool": (shapes("smollm2-135m", kv=torch.float8_e4m3fn), Workload()),
         "deterministic": (small, Workload(batch_invariant=True)),
         "fp32": (shapes("smollm2-135m", dtype=torch.float32), Workload()),
+        "rotary dims past the head": (replace(small, rope_dim=2 * small.head_dim), Workload()),
     }
     for why, (s, w) in refused.items():
         assert KernelSelector().select(PROFILES["H200"], s, w)[op].variant == "reference", why

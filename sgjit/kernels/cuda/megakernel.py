@@ -151,7 +151,6 @@ class DecodeMegakernel:
         hq = hkv * g
         dev, dt = input_ids.device, self.dtype
         hidden = torch.empty((m, s.hidden), dtype=dt, device=dev)
-        cs = torch.empty((m, rot), dtype=torch.float32, device=dev)
         q = torch.empty((m, hq, d), dtype=dt, device=dev)
         act = torch.empty((m, s.intermediate), dtype=dt, device=dev)
         part = torch.empty((m * hkv * MAX_SPLITS * (g * d + g),), dtype=torch.float32, device=dev)
@@ -163,7 +162,7 @@ class DecodeMegakernel:
              np.int32(s.page_size), ptr(w.embed), ptr(table), np.int32(len(w.layers)), ptr(w.final_norm),
              ptr(w.lm_head), ptr(w.rope), np.int32(m), np.int32(s.hidden), np.int32(s.intermediate),
              np.int32(hkv), np.int32(rot), np.int32(s.vocab), np.float32(w.eps), np.float32(w.scale * LOG2E),
-             np.int32(MAX_SPLITS), ptr(hidden), ptr(cs), ptr(q), ptr(act), ptr(part), ptr(logits),
+             np.int32(MAX_SPLITS), ptr(hidden), ptr(q), ptr(act), ptr(part), ptr(logits),
              ptr(inst.barrier)),
             smem=inst.smem,
         )  # fmt: skip
