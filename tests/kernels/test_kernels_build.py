@@ -51,12 +51,14 @@ def test_default_instantiations_cover_the_dense_model_presets():
 @needs_nvcc
 def test_build_check_compiles_everything_for_sm80_and_sm90():
     """One line per family and target: sm_80 and sm_90 for every family but the Hopper-only one,
-    which builds for sm_90a alone."""
-    proc = _build()
+    which builds for sm_90a alone. That one (attention_sm90) builds optimized even under --quick, the
+    very build the register test below makes and checks, so here it is left to that test (~35 s)."""
+    general = [f for f in FAMILIES if f not in FAMILY_ARCHS]
+    proc = _build("--families", *general)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     targets = [line.split()[1] for line in proc.stdout.splitlines() if line.split()[-1:] == ["ok"]]
-    general = len(FAMILIES) - len(FAMILY_ARCHS)
-    assert (targets.count("sm_80"), targets.count("sm_90"), targets.count("sm_90a")) == (general, general, 1)
+    assert (targets.count("sm_80"), targets.count("sm_90")) == (len(general), len(general))
+    assert set(FAMILY_ARCHS) == {"attention_sm90"}  # the family left to the register test
 
 
 @needs_nvcc
