@@ -132,10 +132,6 @@ struct GridBarrier {
     }
     __syncthreads();
   }
-  __device__ __forceinline__ void sync() {
-    arrive();
-    wait();
-  }
 };
 
 // Ask L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) at p.

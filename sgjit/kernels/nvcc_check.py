@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick", action="store_true",
         help="build without optimization (-Xcicc -O0 -Xptxas -O0): every template is instantiated and every "
-        "PTX instruction assembled, in about a fifth of the time; --resources then means nothing",
+        "PTX instruction assembled, in about a third of the time; --resources then means nothing",
     )  # fmt: skip
     args = ap.parse_args(argv)
     if not args.check:

@@ -126,7 +126,9 @@ def seed_cache(cache_dir: Path) -> None:
     started on that dir (a benchmark's or a test's fresh cache for the plan JIT) loads it rather than
     rebuilding it (~20 s on a 2-core machine). No build, nothing copied."""
     module = native()
-    target = Path(cache_dir) / "cpu_kernels"
-    if module is not None and not (target / Path(module.__file__).parent.name).exists():
-        built = Path(module.__file__).parent
-        shutil.copytree(built, target / built.name, ignore=shutil.ignore_patterns("build.flock", "lock"))
+    if module is None:
+        return
+    built = Path(module.__file__).parent
+    copy = cache_dir / "cpu_kernels" / built.name
+    if not copy.exists():
+        shutil.copytree(built, copy, ignore=shutil.ignore_patterns("build.flock", "lock"))
