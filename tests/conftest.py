@@ -56,16 +56,22 @@ def dense_runtime():
 def hf_model(bundled_gguf):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        str(bundled_gguf.parent), gguf_file=bundled_gguf.name, dtype=torch.float32
-    ).eval()
+    from sgjit.bench.peers import fast_gguf_parsing
+
+    with fast_gguf_parsing():
+        return AutoModelForCausalLM.from_pretrained(
+            str(bundled_gguf.parent), gguf_file=bundled_gguf.name, dtype=torch.float32
+        ).eval()
 
 
 @pytest.fixture(scope="session")
 def hf_tokenizer(bundled_gguf):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(bundled_gguf.parent), gguf_file=bundled_gguf.name)
+    from sgjit.bench.peers import fast_gguf_parsing
+
+    with fast_gguf_parsing():
+        return AutoTokenizer.from_pretrained(str(bundled_gguf.parent), gguf_file=bundled_gguf.name)
 
 
 def assert_no_leaked_pages(rt) -> None:

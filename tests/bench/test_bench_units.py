@@ -98,3 +98,30 @@ def test_megakernel_trace_reads_phases_off_the_barrier_stamps():
     assert got["phases_us"]["lm_head"]["work"] == 7.0
     assert got["layer_us"] == 5 * 2.3
     assert got["traced_step_us"] == (11 * 2_300 + 7_000) / 1e3
+
+
+def test_fast_gguf_parsing_gives_transformers_the_same_model(tmp_path):
+    """The peer's GGUF load with sgjit's reader and the tensor-name map built once: the same config
+    and the same weights as transformers' own load, and gguf's attributes restored afterwards."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sgjit.bench.peers import fast_gguf_parsing
+
+    from tiny_gguf import tiny_hf_llama, write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_hf_llama(259), qtype="Q8_0")
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def load() -> torch.nn.Module:
+        return AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32)
+
+    with fast_gguf_parsing():
+        assert gguf.GGUFReader is not saved[0]
+        ours = load()
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == saved
+    theirs = load()
+    assert ours.config.to_dict() == theirs.config.to_dict()
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

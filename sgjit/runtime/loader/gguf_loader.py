@@ -67,7 +67,7 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 @functools.cache
-def _reader_class() -> type:
+def reader_class() -> type:
     import gguf
 
     class Reader(gguf.GGUFReader):
@@ -93,7 +93,7 @@ def _open(path: Path) -> Any:
     if magic != b"GGUF":
         raise ModelFormatError(f"{path} is not a GGUF file (its first bytes are {magic!r}, not b'GGUF')")
     try:
-        reader = _reader_class()(path)
+        reader = reader_class()(path)
     except Exception as e:  # the gguf package raises ValueError/IndexError/struct.error on damage
         raise ModelFormatError(
             f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); is it truncated?"
