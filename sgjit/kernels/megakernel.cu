@@ -282,7 +282,6 @@ template <int G, int D> struct Slots {
 template <int DPL> struct RawDims;
 template <> struct RawDims<2> { typedef unsigned int type; };
 template <> struct RawDims<4> { typedef uint2 type; };
-template <> struct RawDims<8> { typedef uint4 type; };
 template <typename T, int DPL> __device__ __forceinline__ typename RawDims<DPL>::type load_raw(const T* p) {
   return __ldcg(reinterpret_cast<const typename RawDims<DPL>::type*>(p));
 }
@@ -295,8 +294,9 @@ template <typename T, int DPL> __device__ __forceinline__ void load_dims(const T
   widen<T, DPL>(load_raw<T, DPL>(p), f);
 }
 
-// How a warp takes a unit's keys: a key a group of LPK lanes, DPL dims a lane (a 16-byte load) where
+// How a warp takes a unit's keys: a key a group of LPK lanes, DPL dims a lane (an 8-byte load), where
 // the G query heads' dims a lane fit in registers (D * G <= 256: SmolLM2's 64 x 3), else a key a warp.
+// (8 dims a lane spilled at SmolLM2's heads.)
 // A lane group's dot product then sums over LPK lanes, not 32, and a warp takes 32 / LPK keys at once:
 // a warp's keys are what costs an attention phase (a key after the next in each warp's online softmax).
 template <int D, int G> struct KeyLanes {
@@ -356,6 +356,7 @@ __device__ __forceinline__ void attn_unit(const T* q, const T* k_cache, const T*
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int pos = base + grp + u * STRIDE;
+      kr[u] = vr[u] = {};  // a group with no key this round computes on zeros and keeps nothing
       if (pos >= k1) continue;
       const i64 slot = (i64)page[u] * page_size + pos % page_size;
       const i64 off = (slot * hkv + h) * D + sub * DPL;
