@@ -35,6 +35,8 @@ def keys_a_warp(head_dim: int, group: int) -> int:
     lanes of 4 dims each where a kv head's query dims are at most 256, else a key a warp."""
     dims_a_lane = 4 if head_dim * group <= 256 else head_dim // 32
     return 32 // (head_dim // dims_a_lane)
+
+
 LOG2E = 1.0 / math.log(2.0)
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
