@@ -277,84 +277,126 @@ template <int G, int D> struct Slots {
   }
 };
 
-// DPL consecutive elements of T, read through L2 (the pool was written by other CTAs this launch).
-template <typename T, int DPL> __device__ __forceinline__ void load_dims(const T* p, float* f) {
-  static_assert(DPL == 2 || DPL == 4, "head_dim 64 or 128");
-  if constexpr (DPL == 2) {
-    const unsigned int u = __ldcg(reinterpret_cast<const unsigned int*>(p));
-    const T* t = reinterpret_cast<const T*>(&u);
-    f[0] = to_float(t[0]);
-    f[1] = to_float(t[1]);
-  } else {
-    const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
-    const T* t = reinterpret_cast<const T*>(&u);
+// DPL consecutive elements of T as one load's raw bits, read through L2 (the pool was written by
+// other CTAs this launch), and widened to floats where used (the raw bits take half the registers).
+template <int DPL> struct RawDims;
+template <> struct RawDims<2> { typedef unsigned int type; };
+template <> struct RawDims<4> { typedef uint2 type; };
+template <typename T, int DPL> __device__ __forceinline__ typename RawDims<DPL>::type load_raw(const T* p) {
+  return __ldcg(reinterpret_cast<const typename RawDims<DPL>::type*>(p));
+}
+template <typename T, int DPL> __device__ __forceinline__ void widen(const typename RawDims<DPL>::type& u, float* f) {
+  const T* t = reinterpret_cast<const T*>(&u);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = to_float(t[i]);
+  for (int i = 0; i < DPL; ++i) f[i] = to_float(t[i]);
+}
+template <typename T, int DPL> __device__ __forceinline__ void load_dims(const T* p, float* f) {
+  widen<T, DPL>(load_raw<T, DPL>(p), f);
+}
+
+// How a warp takes a unit's keys: a key a group of LPK lanes, DPL dims a lane (an 8-byte load), where
+// the G query heads' dims a lane fit in registers (D * G <= 256: SmolLM2's 64 x 3), else a key a warp.
+// (8 dims a lane spilled at SmolLM2's heads.)
+// A lane group's dot product then sums over LPK lanes, not 32, and a warp takes 32 / LPK keys at once:
+// a warp's keys are what costs an attention phase (a key after the next in each warp's online softmax).
+template <int D, int G> struct KeyLanes {
+  static constexpr int DPL = D * G <= 256 ? 4 : D / 32;  // dims a lane
+  static constexpr int LPK = D / DPL;                     // lanes a key
+  static constexpr int KPW = 32 / LPK;                    // keys a warp at once
+  static constexpr int U = KPW > 1 ? 2 : 4;               // rounds of keys a lane loads before it computes
+};
+
+// Merge the online-softmax state (m, l, o) of the lane `off` away into this lane's.
+template <int G, int DPL>
+__device__ __forceinline__ void merge_lanes(float (&o)[G][DPL], float (&mx)[G], float (&l)[G], int off) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float m_o = __shfl_xor_sync(0xffffffffu, mx[g], off), l_o = __shfl_xor_sync(0xffffffffu, l[g], off);
+    const float m_new = fmaxf(mx[g], m_o);
+    const float a = mx[g] == -INFINITY ? 0.f : exp2f(mx[g] - m_new), b = m_o == -INFINITY ? 0.f : exp2f(m_o - m_new);
+    l[g] = l[g] * a + l_o * b;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) o[g][i] = o[g][i] * a + __shfl_xor_sync(0xffffffffu, o[g][i], off) * b;
+    mx[g] = m_new;
   }
 }
 
-// One unit: keys [k0, k1) of row r's kv head h against its G query heads. Leaves, in shared memory
-// `sm` ([G][D] output then [G] log2-sum-exp), the unit's normalised output and its log2-sum-exp.
+// One unit: keys [k0, k1) of row r's kv head h against its G query heads. Lane group j of warp w takes
+// keys k0 + w * KPW + j, then every WARPS * KPW-th after it (KeyLanes); the warp's groups merge, then
+// the warps. Leaves, in shared memory `sm` ([G][D] output then [G] log2-sum-exp), the unit's
+// normalised output and its log2-sum-exp.
 template <typename T, int D, int G, int WARPS>
 __device__ __forceinline__ void attn_unit(const T* q, const T* k_cache, const T* v_cache, const int* pages,
                                           int page_size, int hkv, int r, int h, int k0, int k1, float scale_log2,
                                           float* sm) {
-  constexpr int DPL = D / 32, U = 4;  // dims a lane; keys a warp loads before it computes
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  using KL = KeyLanes<D, G>;
+  constexpr int DPL = KL::DPL, LPK = KL::LPK, KPW = KL::KPW, U = KL::U, STRIDE = WARPS * KPW;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, sub = lane % LPK, grp = lane / LPK;
   const int hq = hkv * G;
   float qf[G][DPL], o[G][DPL], mx[G], l[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    load_dims<T, DPL>(q + ((i64)r * hq + h * G + g) * D + lane * DPL, qf[g]);
+    load_dims<T, DPL>(q + ((i64)r * hq + h * G + g) * D + sub * DPL, qf[g]);
     mx[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) o[g][i] = 0.f;
   }
-  for (int base = k0 + warp; base < k1; base += WARPS * U) {
+  // the loop runs while any of the warp's groups has a key (its shuffles need every lane)
+  for (int base = k0 + warp * KPW; base < k1; base += STRIDE * U) {
     // the U keys' pages first, then their keys and values: each load waits on one round trip (with
     // a page load after each key's loads, the keys' pages came one round trip after another)
     int page[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int pos = base + u * WARPS;
+      const int pos = base + grp + u * STRIDE;
       page[u] = pos < k1 ? pages[pos / page_size] : 0;
     }
-    float kf[U][DPL], vf[U][DPL];
+    typename RawDims<DPL>::type kr[U], vr[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int pos = base + u * WARPS;
-      if (pos >= k1) break;
+      const int pos = base + grp + u * STRIDE;
+      kr[u] = vr[u] = {};  // a group with no key this round computes on zeros and keeps nothing
+      if (pos >= k1) continue;
       const i64 slot = (i64)page[u] * page_size + pos % page_size;
-      const i64 off = (slot * hkv + h) * D + lane * DPL;
-      load_dims<T, DPL>(k_cache + off, kf[u]);
-      load_dims<T, DPL>(v_cache + off, vf[u]);
+      const i64 off = (slot * hkv + h) * D + sub * DPL;
+      kr[u] = load_raw<T, DPL>(k_cache + off);
+      vr[u] = load_raw<T, DPL>(v_cache + off);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (base + u * WARPS >= k1) break;
+      if (base + u * STRIDE >= k1) break;  // no group of the warp has a key this round
+      const bool mine = base + grp + u * STRIDE < k1;
+      float kf[DPL], vf[DPL];
+      widen<T, DPL>(kr[u], kf);
+      widen<T, DPL>(vr[u], vf);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) s = fmaf(qf[g][i], kf[u][i], s);
-        s = group_sum<32>(s) * scale_log2;
+        for (int i = 0; i < DPL; ++i) s = fmaf(qf[g][i], kf[i], s);
+        s = group_sum<LPK>(s) * scale_log2;
+        if (!mine) continue;
         const float m_new = fmaxf(mx[g], s);
         const float alpha = exp2f(mx[g] - m_new), p = exp2f(s - m_new);
         l[g] = l[g] * alpha + p;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) o[g][i] = fmaf(p, vf[u][i], o[g][i] * alpha);
+        for (int i = 0; i < DPL; ++i) o[g][i] = fmaf(p, vf[i], o[g][i] * alpha);
         mx[g] = m_new;
       }
     }
   }
+#pragma unroll
+  for (int off = LPK; off < 32; off *= 2) merge_lanes<G, DPL>(o, mx, l, off);  // the warp's groups
   // the warps' pieces -> shared memory [WARPS][G][D] and [WARPS][G][2], combined by the block
   float* wo = sm + G * D + G;  // after the unit's result
   float* wml = wo + WARPS * G * D;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
+    if (grp == 0) {
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) wo[(warp * G + g) * D + lane * DPL + i] = o[g][i];
+      for (int i = 0; i < DPL; ++i) wo[(warp * G + g) * D + sub * DPL + i] = o[g][i];
+    }
     if (lane == 0) {
       wml[(warp * G + g) * 2] = mx[g];
       wml[(warp * G + g) * 2 + 1] = l[g];

@@ -19,7 +19,7 @@ import torch
 
 from sgjit.kernels import reference
 from sgjit.kernels.cuda.gemv import ROW_BUCKETS
-from sgjit.kernels.cuda.megakernel import MAX_SPLITS, MEGA_TILES, MIN_SPLIT_KEYS, WARPS
+from sgjit.kernels.cuda.megakernel import MAX_SPLITS, MEGA_TILES, MIN_SPLIT_KEYS, WARPS, keys_a_warp
 from sgjit.kernels.ops import AttentionMetadata, LayerKV
 
 # SmolLM2-135M
@@ -220,13 +220,24 @@ def test_attention_units_cover_every_key_once(grid):
                 assert arrivals[r, h] == plan[r][0]  # the merge count reaches the split count once
 
 
+def merge_states(a, b):
+    """megakernel.cu's merge_lanes: two online-softmax states (max, sum, output) as one; a state that
+    saw no key (max -inf) weighs nothing."""
+    m_new = torch.maximum(a[0], b[0])
+    fa = torch.where(a[0] == -math.inf, 0.0, torch.exp2(a[0] - m_new))
+    fb = torch.where(b[0] == -math.inf, 0.0, torch.exp2(b[0] - m_new))
+    return m_new, a[1] * fa + b[1] * fb, a[2] * fa[:, None] + b[2] * fb[:, None]
+
+
 def emulate_attention(q, k_pool, v_pool, table, lens, page, scale, grid):
-    """attention_phase in float64: per unit, warp w takes keys k0 + w, k0 + w + WARPS, ... with an
-    online softmax in the exp2 domain; warps combine; a (row, head) of several splits merges its
-    slots' normalised outputs by their log2-sum-exp."""
+    """attention_phase in float64: per unit, lane group j of warp w takes keys k0 + w * KPW + j, then
+    every WARPS * KPW-th after it, with an online softmax in the exp2 domain; a warp's groups merge
+    pairwise (the lanes' butterfly), then the warps combine; a (row, head) of several splits merges
+    its slots' normalised outputs by their log2-sum-exp."""
     m, hq, d = q.shape
     hkv = k_pool.shape[2]
     g_ = hq // hkv
+    kpw = keys_a_warp(d, g_)
     sl = scale / math.log(2.0)
     out = torch.full((m, hq, d), float("nan"), dtype=torch.float64)
     slots: dict[tuple[int, int], list] = {}
@@ -235,17 +246,24 @@ def emulate_attention(q, k_pool, v_pool, table, lens, page, scale, grid):
         qh = q[r, h * g_ : (h + 1) * g_]
         pieces = []
         for w in range(WARPS):
-            mx, l_, o = torch.full((g_,), -math.inf, dtype=torch.float64), torch.zeros(g_, dtype=torch.float64), torch.zeros(g_, d, dtype=torch.float64)  # fmt: skip
-            for pos in range(k0 + w, k1, WARPS):
-                slot = table[r, pos // page] * page + pos % page
-                kv_k, kv_v = k_pool.view(-1, hkv, d)[slot, h], v_pool.view(-1, hkv, d)[slot, h]
-                sc = (qh @ kv_k) * sl
-                m_new = torch.maximum(mx, sc)
-                alpha, p = torch.exp2(mx - m_new), torch.exp2(sc - m_new)
-                l_ = l_ * alpha + p
-                o = o * alpha[:, None] + p[:, None] * kv_v[None, :]
-                mx = m_new
-            pieces.append((mx, l_, o))
+            groups = []
+            for j in range(kpw):
+                mx, l_, o = torch.full((g_,), -math.inf, dtype=torch.float64), torch.zeros(g_, dtype=torch.float64), torch.zeros(g_, d, dtype=torch.float64)  # fmt: skip
+                for pos in range(k0 + w * kpw + j, k1, WARPS * kpw):
+                    slot = table[r, pos // page] * page + pos % page
+                    kv_k, kv_v = k_pool.view(-1, hkv, d)[slot, h], v_pool.view(-1, hkv, d)[slot, h]
+                    sc = (qh @ kv_k) * sl
+                    m_new = torch.maximum(mx, sc)
+                    alpha, p = torch.exp2(mx - m_new), torch.exp2(sc - m_new)
+                    l_ = l_ * alpha + p
+                    o = o * alpha[:, None] + p[:, None] * kv_v[None, :]
+                    mx = m_new
+                groups.append((mx, l_, o))
+            step = 1
+            while step < kpw:  # merge_lanes: group j takes group j ^ step's state
+                groups = [merge_states(groups[j], groups[j ^ step]) for j in range(kpw)]
+                step *= 2
+            pieces.append(groups[0])
         m_all = torch.stack([p[0] for p in pieces]).amax(0)
         f = [torch.where(p[0] == -math.inf, 0.0, torch.exp2(p[0] - m_all)) for p in pieces]
         total = sum(p[1] * fi for p, fi in zip(pieces, f))
