@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--smoke", action="store_true", help="4 clients for 20 s, for tests")
+    p.add_argument("--smoke", action="store_true", help="4 clients for 10 s, for tests")
     add_output_args(p)
     return p
 
@@ -252,7 +252,7 @@ async def _write_partial(out: str | None, partial: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.smoke:
-        args.clients, args.duration, args.warmup, args.sample_every, args.max_tokens = 4, 20.0, 5.0, 2.0, 8
+        args.clients, args.duration, args.warmup, args.sample_every, args.max_tokens = 4, 10.0, 3.0, 1.0, 8
     proc = None
     if args.url:
         if args.pid is None:
