@@ -64,3 +64,19 @@ def test_reader_over_a_plain_view_reads_what_gguf_reads(tmp_path):
         (t.name, t.tensor_type, list(t.shape)) for t in theirs.tensors
     ]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
+
+
+def test_a_file_is_parsed_once_while_it_stays_the_same(tmp_path):
+    """Runtimes of one process share the parsed file; a file written again (another size or time)
+    is parsed again, so a reload never sees the old one."""
+    from sgjit.runtime.loader.gguf_loader import _open, load_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_hf_llama(259), qtype="F32")
+    first = _open(path)
+    assert _open(path) is first and _open(tmp_path / "." / "tiny.gguf") is first
+    write_tiny_gguf(path, tiny_hf_llama(259), qtype="F16")
+    second = _open(path)
+    assert second is not first
+    assert {t.tensor_type.name for t in second.tensors if len(t.shape) == 2} >= {"F16"}
+    assert "F16" not in {t.tensor_type.name for t in first.tensors}
+    assert load_gguf(path).config.vocab_size == 259

@@ -88,6 +88,15 @@ def reader_class() -> type:
 
 
 def _open(path: Path) -> Any:
+    """The file's reader, parsed once a process while the file stays the same (its metadata is most
+    of a small model's load: ~1 s for SmolLM2's vocabulary here; several runtimes of one process, as
+    a benchmark's configurations or a test suite make, share it). Tensor data stays on the map."""
+    st = path.stat()
+    return _parse(path.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _parse(path: Path, size: int, mtime_ns: int) -> Any:
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
@@ -99,7 +108,6 @@ def _open(path: Path) -> Any:
             f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); is it truncated?"
         ) from e
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-    size = path.stat().st_size
     if end > size:
         raise ModelFormatError(f"{path} is truncated: its tensors need {end} bytes but the file has {size}")
     return reader
