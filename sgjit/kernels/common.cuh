@@ -163,4 +163,12 @@ SGJIT_MMA16816(__nv_bfloat16, "bf16")
 SGJIT_MMA16816(__half, "f16")
 #undef SGJIT_MMA16816
 
+// The raw bits of a lane's DPL elements of type X of a row: one load of 2-8 bytes, kept as loaded and
+// widened to floats where used (the decode kernels' K/V: half the registers of floats).
+template <int BYTES> struct LaneBits;
+template <> struct LaneBits<2> { typedef unsigned short type; };
+template <> struct LaneBits<4> { typedef u32 type; };
+template <> struct LaneBits<8> { typedef uint2 type; };
+template <typename X, int DPL> using lane_bits_t = typename LaneBits<DPL * (int)sizeof(X)>::type;
+
 }  // namespace sgjit

@@ -37,14 +37,6 @@ using namespace sgjit;
 
 namespace sgjit {
 
-// The raw bits of a lane's DPL elements of a row: one load.
-template <int BYTES> struct LaneBits;
-template <> struct LaneBits<2> { typedef unsigned short type; };
-template <> struct LaneBits<4> { typedef u32 type; };
-template <> struct LaneBits<8> { typedef uint2 type; };
-
-template <typename X, int DPL> using lane_bits_t = typename LaneBits<DPL * (int)sizeof(X)>::type;
-
 // Two packed 16-bit values as floats.
 __device__ __forceinline__ void widen2(u32 w, float* f, const __nv_bfloat16*) {
   f[0] = __uint_as_float(w << 16);

@@ -277,15 +277,12 @@ template <int G, int D> struct Slots {
   }
 };
 
-// DPL consecutive elements of T as one load's raw bits, read through L2 (the pool was written by
-// other CTAs this launch), and widened to floats where used (the raw bits take half the registers).
-template <int DPL> struct RawDims;
-template <> struct RawDims<2> { typedef unsigned int type; };
-template <> struct RawDims<4> { typedef uint2 type; };
-template <typename T, int DPL> __device__ __forceinline__ typename RawDims<DPL>::type load_raw(const T* p) {
-  return __ldcg(reinterpret_cast<const typename RawDims<DPL>::type*>(p));
+// DPL consecutive elements of T as one load's raw bits (lane_bits_t), read through L2 (the pool was
+// written by other CTAs this launch), and widened to floats where used.
+template <typename T, int DPL> __device__ __forceinline__ lane_bits_t<T, DPL> load_raw(const T* p) {
+  return __ldcg(reinterpret_cast<const lane_bits_t<T, DPL>*>(p));
 }
-template <typename T, int DPL> __device__ __forceinline__ void widen(const typename RawDims<DPL>::type& u, float* f) {
+template <typename T, int DPL> __device__ __forceinline__ void widen(const lane_bits_t<T, DPL>& u, float* f) {
   const T* t = reinterpret_cast<const T*>(&u);
 #pragma unroll
   for (int i = 0; i < DPL; ++i) f[i] = to_float(t[i]);
@@ -352,7 +349,7 @@ __device__ __forceinline__ void attn_unit(const T* q, const T* k_cache, const T*
       const int pos = base + grp + u * STRIDE;
       page[u] = pos < k1 ? pages[pos / page_size] : 0;
     }
-    typename RawDims<DPL>::type kr[U], vr[U];
+    lane_bits_t<T, DPL> kr[U], vr[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int pos = base + grp + u * STRIDE;

@@ -29,16 +29,15 @@ LAYER_FIELDS = 9  # MegaLayer's pointers
 MAX_SPLITS = 32  # attention splits of one (row, kv head)
 MIN_SPLIT_KEYS = 32  # megakernel.cu's MIN_SPLIT_KEYS
 
+LOG2E = 1.0 / math.log(2.0)
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
 
 def keys_a_warp(head_dim: int, group: int) -> int:
     """megakernel.cu's KeyLanes::KPW: the keys a warp's attention takes at once, a key a group of
     lanes of 4 dims each where a kv head's query dims are at most 256, else a key a warp."""
     dims_a_lane = 4 if head_dim * group <= 256 else head_dim // 32
     return 32 // (head_dim // dims_a_lane)
-
-
-LOG2E = 1.0 / math.log(2.0)
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 # The GEMV tiles of the layered kernels, but 8 rows at 2 channels a warp, not 4: the kernel's other
